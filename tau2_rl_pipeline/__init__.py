@@ -14,7 +14,7 @@ def _quiet_tau2_logging() -> None:
     except ImportError:  # tau2 not installed: nothing to quiet
         return
     logger.remove()
-    logger.add(_sys.stderr, level=_os.environ.get("TAU2_LOG_LEVEL", "WARNING"))
+    logger.add(_sys.stderr, level=_os.environ.get("TAU2_LOG_LEVEL", "ERROR"))
 
 
 _quiet_tau2_logging()

@@ -1,0 +1,398 @@
+"""One tau2 episode as an object: the domain environment for a task, the user side, termination as tau2's
+orchestrator tracks it, and tau2's own evaluator at the end.
+
+The rollout drives it turn by turn (`start`, then `act` per policy turn, then `evaluate`); the oracle replay and
+tests drive tool calls directly (`agent_tool_call`, `user_tool_call`). Everything here is blocking Python (tau2's
+tools, DB hashing, evaluation): async callers run it off the event loop.
+
+Safety boundary: the agent may call only the domain's declared agent tools. Any other name (a Python attribute
+such as `__class__`, a private method, a user-only tool) and arguments that do not fit the tool's schema become
+an error observation and are never executed.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from copy import deepcopy
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import gymnasium as gym
+from pydantic import ValidationError
+from tau2.data_model.message import (
+    AssistantMessage,
+    Message,
+    MultiToolMessage,
+    ToolCall,
+    ToolMessage,
+    UserMessage,
+)
+from tau2.data_model.simulation import RewardInfo, SimulationRun, TerminationReason
+from tau2.data_model.tasks import Task
+from tau2.environment.environment import Environment
+from tau2.evaluator.evaluator import EvaluationType, evaluate_simulation
+from tau2.orchestrator.orchestrator import DEFAULT_FIRST_AGENT_MESSAGE
+from tau2.registry import registry
+from tau2.user.base import BaseUser
+from tau2.user.user_simulator import UserSimulator
+from tau2.utils.utils import get_now
+
+from tau2_rl_pipeline.actions import ParsedAction, parse_completion
+from tau2_rl_pipeline.prompting import agent_system_prompt, to_agent_chat, tool_schemas
+
+AGENT_STOP_TOKEN = "###STOP###"
+INVALID_TOOL_CALL = "invalid_tool_call"  # the name a malformed completion is recorded under (never a real tool)
+
+
+class UserSideError(RuntimeError):
+    """The user simulator failed (its LLM server, its API key): an infrastructure failure, not the policy's."""
+
+
+def build_environment(domain: str) -> Environment:
+    return registry.get_env_constructor(domain)()
+
+
+@dataclass
+class ActResult:
+    """What the agent sees after one turn: new agent-visible messages, and whether the episode ended."""
+
+    observations: list[Message]
+    done: bool
+
+
+class Episode:
+    """A tau2 conversation between a policy (driven from outside) and a user side (tau2's `BaseUser` interface).
+
+    Step and error accounting follow tau2's orchestrator: each message and each batch of tool results is one step;
+    `max_steps` and `max_errors` are checked whenever the next message is not addressed to the environment.
+    A completion that cannot be parsed counts as one failed tool call (an error) and its error message is the
+    observation, so the policy sees what went wrong and the max-errors rule still bounds the episode.
+    """
+
+    def __init__(
+        self,
+        domain: str,
+        task: Task,
+        user: BaseUser | None,
+        *,
+        max_steps: int = 200,
+        max_errors: int = 10,
+        environment: Environment | None = None,
+    ):
+        self.domain = domain
+        self.task = task
+        self.user = user
+        self.max_steps = max_steps
+        self.max_errors = max_errors
+        self.env = environment if environment is not None else build_environment(domain)
+        self.agent_tool_names = frozenset(self.env.tools.get_tools()) if self.env.tools else frozenset()
+        self.user_tool_names = frozenset(self.env.user_tools.get_tools()) if self.env.user_tools else frozenset()
+        self.policy = self.env.get_policy()
+        self.system_prompt = agent_system_prompt(self.policy)
+        self.tools = tool_schemas(self.env.get_tools())
+        self.messages: list[Message] = []
+        self.step_count = 0
+        self.num_errors = 0
+        self.parse_errors = 0
+        self.refused_calls = 0
+        self.done = False
+        self.termination_reason: TerminationReason | None = None
+        self._user_state: Any = None
+        self._start_time = get_now()
+        self._t0 = time.perf_counter()
+        self._call_seq = 0
+        self._refused_ids: set[str] = set()  # calls never executed: kept from the evaluator's replay
+        init = task.initial_state
+        self._history = deepcopy(init.message_history) if init and init.message_history else []
+        self.env.set_state(
+            initialization_data=init.initialization_data if init else None,
+            initialization_actions=init.initialization_actions if init else None,
+            message_history=self._history,
+        )
+
+    # -- conversation start ---------------------------------------------------------------------
+    def start(self) -> list[Message]:
+        """Open the conversation as tau2's orchestrator does; returns the agent-visible messages so far."""
+        if self._history:
+            self._append(*self._history)
+            last = self._history[-1]
+            to_user = isinstance(last, AssistantMessage) and not last.is_tool_call()
+            if self.user is not None:
+                seen = self._history[:-1] if to_user else self._history
+                self._user_state = self.user.get_init_state(message_history=[m for m in seen if _user_visible(m)])
+                if to_user:
+                    self._run_user(last)
+        else:
+            greeting = deepcopy(DEFAULT_FIRST_AGENT_MESSAGE)
+            self._append(greeting)
+            self._user_state = self.user.get_init_state() if self.user else None
+            if self.user is not None:
+                self._run_user(greeting)
+        return self.agent_view()
+
+    def agent_view(self) -> list[dict]:
+        """The conversation as the policy sees it, as chat messages (see prompting.to_agent_chat)."""
+        return to_agent_chat(self.messages)
+
+    # -- policy turns -----------------------------------------------------------------------------
+    def parse(self, completion: str) -> ParsedAction:
+        return parse_completion(completion, allowed_tools=self.agent_tool_names)
+
+    def act(self, completion: str) -> ActResult:
+        """Apply one policy completion (its decoded text): tool calls, a reply to the user, or an error."""
+        if self.done:
+            raise RuntimeError("episode is over")
+        action = self.parse(completion)
+        if action.error is not None:
+            return self._act_parse_error(completion, action)
+        if action.is_tool_call:
+            calls = [self._new_call(c.name, c.arguments, "assistant") for c in action.tool_calls]
+            msg = AssistantMessage(role="assistant", content=action.content or None, tool_calls=calls)
+            self._append(msg)
+            self.step_count += 1
+            results = [self._execute(call) for call in calls]
+            self._append(*results)
+            self.step_count += 1
+            self._check_limits()
+            return ActResult(list(results), self.done)
+        msg = AssistantMessage(role="assistant", content=action.content)
+        self._append(msg)
+        self.step_count += 1
+        if AGENT_STOP_TOKEN in action.content:
+            self._finish(TerminationReason.AGENT_STOP)
+            return ActResult([], True)
+        if self._check_limits():
+            return ActResult([], True)
+        before = len(self.messages)
+        self._run_user(msg)
+        new = [m for m in self.messages[before:] if isinstance(m, UserMessage) and not m.is_tool_call()]
+        return ActResult(new, self.done)
+
+    def _act_parse_error(self, completion: str, action: ParsedAction) -> ActResult:
+        self.parse_errors += 1
+        call = self._new_call(INVALID_TOOL_CALL, {}, "assistant")
+        self._refused_ids.add(call.id)
+        msg = AssistantMessage(role="assistant", content=None, tool_calls=[call],
+                               raw_data={"unparsed_text": completion, "parse_error": action.error.kind.value})
+        result = ToolMessage(id=call.id, role="tool", requestor="assistant", error=True,
+                             content=action.error.message)
+        self._append(msg, result)
+        self.step_count += 2
+        self.num_errors += 1
+        self._check_limits()
+        return ActResult([result], self.done)
+
+    # -- tool calls ---------------------------------------------------------------------------------
+    def agent_tool_call(self, name: str, arguments: dict) -> ToolMessage:
+        """Run one agent tool call as its own turn (oracle replay, tests); returns the tool result."""
+        call = self._new_call(name, arguments, "assistant")
+        self._append(AssistantMessage(role="assistant", content=None, tool_calls=[call]))
+        result = self._execute(call)
+        self._append(result)
+        self.step_count += 2
+        return result
+
+    def user_tool_call(self, name: str, arguments: dict) -> ToolMessage:
+        """Run one user-side tool call (telecom device tools) as its own user turn."""
+        call = self._new_call(name, arguments, "user")
+        self._append(UserMessage(role="user", content=None, tool_calls=[call]))
+        result = self._execute(call)
+        self._append(result)
+        self.step_count += 2
+        return result
+
+    def agent_says(self, text: str) -> None:
+        """Record an agent text message without running the user (oracle replay's final message)."""
+        self._append(AssistantMessage(role="assistant", content=text))
+        self.step_count += 1
+
+    def _new_call(self, name: str, arguments: dict, requestor: str) -> ToolCall:
+        self._call_seq += 1
+        return ToolCall(id=f"call_{self._call_seq}", name=name, arguments=arguments, requestor=requestor)
+
+    def _execute(self, call: ToolCall) -> ToolMessage:
+        allowed = self.agent_tool_names if call.requestor == "assistant" else self.user_tool_names
+        refusal = _refusal(call, allowed, self.env)
+        if refusal is not None:
+            self.refused_calls += 1
+            self._refused_ids.add(call.id)
+            result = ToolMessage(id=call.id, role="tool", requestor=call.requestor, error=True, content=refusal)
+        else:
+            result = self.env.get_response(call)
+        if result.error:
+            self.num_errors += 1
+        return result
+
+    # -- the user side ----------------------------------------------------------------------------
+    def _run_user(self, message: Message) -> None:
+        """Let the user respond to `message`, running its own tool calls, until it speaks to the agent or stops."""
+        while True:
+            try:
+                user_msg, self._user_state = self.user.generate_next_message(message, self._user_state)
+            except Exception as e:  # the user LLM's failure is infrastructure: surface it, never score it
+                raise UserSideError(f"user simulator failed: {type(e).__name__}: {e}") from e
+            self._append(user_msg)
+            self.step_count += 1
+            if UserSimulator.is_stop(user_msg):
+                self._finish(TerminationReason.USER_STOP)
+                return
+            if not user_msg.is_tool_call():
+                self._check_limits()
+                return
+            results = [self._execute(call) for call in user_msg.tool_calls]
+            self._append(*results)
+            self.step_count += 1
+            if self._check_limits():
+                return
+            message = results[0] if len(results) == 1 else MultiToolMessage(role="tool", tool_messages=results)
+
+    # -- termination and evaluation ------------------------------------------------------------------
+    def _check_limits(self) -> bool:
+        if self.done:
+            return True
+        if self.step_count >= self.max_steps:
+            self._finish(TerminationReason.MAX_STEPS)
+        elif self.num_errors >= self.max_errors:
+            self._finish(TerminationReason.TOO_MANY_ERRORS)
+        return self.done
+
+    def _finish(self, reason: TerminationReason) -> None:
+        self.done = True
+        self.termination_reason = reason
+
+    def stop(self, reason: TerminationReason) -> None:
+        """End the episode from outside (the oracle replay's user stop, a test)."""
+        self._finish(reason)
+
+    def _append(self, *messages: Message) -> None:
+        for msg in messages:
+            msg.timestamp = get_now()
+            msg.turn_idx = len(self.messages)
+            self.messages.append(msg)
+
+    def simulation_run(self, termination_reason: TerminationReason | None = None) -> SimulationRun:
+        reason = termination_reason or self.termination_reason or TerminationReason.MAX_STEPS
+        return SimulationRun(
+            id=str(uuid.uuid4()),
+            task_id=self.task.id,
+            start_time=self._start_time,
+            end_time=get_now(),
+            duration=time.perf_counter() - self._t0,
+            termination_reason=reason,
+            messages=self.evaluated_messages(),
+        )
+
+    def evaluated_messages(self) -> list[Message]:
+        """The trajectory without refused calls and their error results.
+
+        tau2's evaluator replays every tool call of the trajectory on a fresh environment and requires each
+        result to equal the recorded one; a call this episode refused never ran, so it has nothing to replay
+        (and it cannot have changed the state it would be compared on).
+        """
+        if not self._refused_ids:
+            return list(self.messages)
+        kept: list[Message] = []
+        for msg in self.messages:
+            if isinstance(msg, ToolMessage) and msg.id in self._refused_ids:
+                continue
+            if isinstance(msg, (AssistantMessage, UserMessage)) and msg.tool_calls:
+                calls = [c for c in msg.tool_calls if c.id not in self._refused_ids]
+                if len(calls) != len(msg.tool_calls):
+                    if not calls and not msg.content:
+                        continue
+                    msg = msg.model_copy(update={"tool_calls": calls or None})
+            kept.append(msg)
+        return kept
+
+    def evaluate(self, termination_reason: TerminationReason | None = None) -> RewardInfo:
+        """tau2's own evaluation (EvaluationType.ALL); episodes not ended by agent or user stop score 0, as in tau2."""
+        return evaluate_simulation(
+            self.simulation_run(termination_reason), self.task, EvaluationType.ALL,
+            solo_mode=False, domain=self.domain)
+
+
+def _user_visible(msg: Message) -> bool:
+    if isinstance(msg, AssistantMessage):
+        return not msg.is_tool_call()
+    if isinstance(msg, ToolMessage):
+        return msg.requestor == "user"
+    return isinstance(msg, UserMessage)
+
+
+def _refusal(call: ToolCall, allowed: frozenset[str], env: Environment) -> str | None:
+    """Why a call must not run, or None: unknown names and arguments that don't fit the tool's schema."""
+    if call.name not in allowed:
+        who = "agent" if call.requestor == "assistant" else "user"
+        return f"Error: unknown tool {call.name!r} for the {who}. Available tools: {', '.join(sorted(allowed))}"
+    toolkit = env.tools if call.requestor == "assistant" else env.user_tools
+    tool = toolkit.get_tools()[call.name]
+    if not isinstance(call.arguments, dict):
+        return f"Error: arguments of {call.name} must be a JSON object"
+    unknown = set(call.arguments) - set(tool.params.model_fields)
+    if unknown:
+        return f"Error: {call.name} got unexpected arguments: {', '.join(sorted(unknown))}"
+    try:
+        tool.params.model_validate(call.arguments)
+    except ValidationError as e:
+        problems = "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors()[:5])
+        return f"Error: invalid arguments for {call.name}: {problems}"
+    return None
+
+
+# -- gymnasium ----------------------------------------------------------------------------------------
+class Tau2GymEnv(gym.Env):
+    """A tau2 episode gym-style: the action is the policy's completion text; the observation is the text of
+    what the agent sees next; the reward is tau2's task reward, given when the episode ends.
+
+    `user_factory(task, environment) -> BaseUser` builds the user side per episode (see `users.py`).
+    """
+
+    metadata = {"render_modes": []}
+
+    def __init__(self, domain: str, tasks: Sequence[Task], user_factory: Callable[[Task, Environment], BaseUser],
+                 *, max_steps: int = 200, max_errors: int = 10, max_turns: int = 30):
+        self.domain = domain
+        self.tasks = list(tasks)
+        self.user_factory = user_factory
+        self.max_steps, self.max_errors, self.max_turns = max_steps, max_errors, max_turns
+        self.observation_space = gym.spaces.Text(max_length=1 << 20)
+        self.action_space = gym.spaces.Text(max_length=1 << 20)
+        self.episode: Episode | None = None
+        self._turns = 0
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        super().reset(seed=seed)
+        options = options or {}
+        if "task_id" in options:
+            task = next((t for t in self.tasks if t.id == options["task_id"]), None)
+            if task is None:
+                raise ValueError(f"unknown task id {options['task_id']!r} for {self.domain}")
+        else:
+            task = self.tasks[int(self.np_random.integers(len(self.tasks)))]
+        environment = build_environment(self.domain)
+        self.episode = Episode(self.domain, task, self.user_factory(task, environment),
+                               max_steps=self.max_steps, max_errors=self.max_errors, environment=environment)
+        self._turns = 0
+        view = self.episode.start()
+        info = {"task_id": task.id, "system_prompt": self.episode.system_prompt, "tools": self.episode.tools}
+        return _chat_text(view), info
+
+    def step(self, action: str):
+        if self.episode is None:
+            raise RuntimeError("call reset() first")
+        self._turns += 1
+        result = self.episode.act(action)
+        truncated = not result.done and self._turns >= self.max_turns
+        reward, info = 0.0, {"turns": self._turns}
+        if result.done or truncated:
+            reward_info = self.episode.evaluate()
+            reward = float(reward_info.reward)
+            info["reward_info"] = reward_info
+            info["termination_reason"] = (
+                self.episode.termination_reason.value if self.episode.termination_reason else "max_turns")
+        return _chat_text(to_agent_chat(result.observations)), reward, result.done, truncated, info
+
+
+def _chat_text(chat: list[dict]) -> str:
+    return "\n".join(f"{m['role']}: {m.get('content') or ''}" for m in chat)

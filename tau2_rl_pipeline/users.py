@@ -1,0 +1,143 @@
+"""The user side of an episode, behind tau2's `BaseUser` interface.
+
+- `llm`: tau2's own `UserSimulator` over litellm (the real one): gpt-4.1 by default, or an SGLang server's
+  OpenAI-compatible endpoint at scale (`TAU2_USER_MODEL=openai/<served name>`, `TAU2_USER_API_BASE=http://host:port/v1`).
+  In telecom it gets the user's device tools, and its tool calls run on them.
+- `scripted`: an offline user built from the task's scenario, for runs with no LLM at all (the demo, CI). It states
+  the request and what it knows, performs the task's user-side gold actions when the agent replies (telecom device
+  steps), then ends with ###STOP###. It is a plumbing and learning-signal check, not a tau2 user: scores with it are
+  not tau2 scores.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Callable, Optional
+
+from tau2.data_model.message import Message, ToolCall, UserMessage
+from tau2.data_model.tasks import Task
+from tau2.environment.environment import Environment
+from tau2.user.base import STOP, BaseUser, UserState
+from tau2.user.user_simulator import UserSimulator
+
+from tau2_rl_pipeline.config import Tau2Config
+
+USER_KINDS = ("llm", "scripted")
+UserFactory = Callable[[Task, Environment], BaseUser]
+
+
+class UserConfigError(ValueError):
+    """The user simulator cannot be reached as configured (e.g. no API key for a remote model)."""
+
+
+def opening_request(task: Task) -> str:
+    """What the scripted user says first: the reason for the call and what the user knows."""
+    instructions = task.user_scenario.instructions
+    if isinstance(instructions, str):
+        return instructions.strip()
+    parts = [instructions.reason_for_call, instructions.known_info]
+    return "\n\n".join(p.strip() for p in parts if p and p.strip())
+
+
+class ScriptedUser(BaseUser):
+    """A deterministic user: the opening request; then, on the user's device, each user-side gold action the agent
+    asks for by name (all words of the action's name after its verb, e.g. "data saver" for
+    toggle_data_saver_mode), in gold order; then ###STOP### once nothing is left to do or patience runs out.
+    """
+
+    def __init__(self, task: Task, *, patience: int = 3, done_reply: str = "I did that. What next?",
+                 unsure_reply: str = "I'm not sure what you want me to do on my phone."):
+        super().__init__(instructions=str(task.user_scenario))
+        self.opening = opening_request(task)
+        self.patience = patience
+        self.done_reply = done_reply
+        self.unsure_reply = unsure_reply
+        criteria = task.evaluation_criteria
+        self.user_actions = [a for a in (criteria.actions or []) if a.requestor == "user"] if criteria else []
+
+    def get_init_state(self, message_history: Optional[list[Message]] = None) -> UserState:
+        return UserState(system_messages=[], messages=list(message_history or []))
+
+    @classmethod
+    def is_stop(cls, message: UserMessage) -> bool:
+        return UserSimulator.is_stop(message)
+
+    def set_seed(self, seed: int) -> None:  # deterministic: nothing to seed
+        pass
+
+    def generate_next_message(self, message, state: UserState) -> tuple[UserMessage, UserState]:
+        state.messages.append(message)
+        mine = [m for m in state.messages if isinstance(m, UserMessage)]
+        done = sum(len(m.tool_calls) for m in mine if m.is_tool_call())
+        unsure = sum(1 for m in mine if m.content == self.unsure_reply)
+        asked = _last_agent_text(state.messages)
+        if not any(not m.is_tool_call() for m in mine):
+            reply = UserMessage(role="user", content=self.opening)
+        elif done < len(self.user_actions) and _mentions(self.user_actions[done].name, asked):
+            action = self.user_actions[done]
+            call = ToolCall(id=f"user_call_{done}", name=action.name, arguments=action.arguments, requestor="user")
+            reply = UserMessage(role="user", content=None, tool_calls=[call])
+        elif getattr(message, "role", None) == "tool":
+            reply = UserMessage(role="user", content=self.done_reply)
+        elif done < len(self.user_actions) and unsure < self.patience:
+            reply = UserMessage(role="user", content=self.unsure_reply)
+        else:
+            reply = UserMessage(role="user", content=STOP)
+        state.messages.append(reply)
+        return reply, state
+
+
+def _last_agent_text(messages: list[Message]) -> str:
+    for m in reversed(messages):
+        if getattr(m, "role", None) == "assistant" and m.content:
+            return m.content
+    return ""
+
+
+def _mentions(action_name: str, text: str) -> bool:
+    words = action_name.split("_")[1:] or action_name.split("_")
+    lowered = text.lower()
+    return all(w in lowered for w in words)
+
+
+def llm_user_args(cfg: Tau2Config) -> dict:
+    """litellm arguments for tau2's UserSimulator; no secret is ever placed here (litellm reads keys from env)."""
+    args: dict = {"temperature": cfg.user_temperature}
+    if cfg.user_api_base:
+        args["api_base"] = cfg.user_api_base
+        # A local SGLang server takes any key; litellm's openai/ route insists on one being present.
+        if cfg.user_model.startswith("openai/") and not os.environ.get("OPENAI_API_KEY"):
+            args["api_key"] = "EMPTY"
+        # Qwen3 user simulators must answer, not think (the original cookbook's setting).
+        args["extra_body"] = {"chat_template_kwargs": {"enable_thinking": False}}
+    return args
+
+
+def check_llm_user(cfg: Tau2Config) -> None:
+    """Fail early, in one line, when a remote user model has no API key (checked by name, never printed)."""
+    if cfg.user_api_base:
+        return
+    import litellm
+
+    missing = litellm.validate_environment(model=cfg.user_model).get("missing_keys") or []
+    if missing:
+        raise UserConfigError(
+            f"user model {cfg.user_model!r} needs {', '.join(missing)} in the environment; set it, or point "
+            f"TAU2_USER_API_BASE at an OpenAI-compatible server (e.g. scripts/start_user_sim.sh), or use the "
+            f"scripted user (--user scripted)")
+
+
+def make_user_factory(kind: str, cfg: Tau2Config) -> UserFactory:
+    if kind == "scripted":
+        return lambda task, environment: ScriptedUser(task)
+    if kind == "llm":
+        check_llm_user(cfg)
+        args = llm_user_args(cfg)
+
+        def build(task: Task, environment: Environment) -> BaseUser:
+            tools = environment.get_user_tools() if environment.user_tools is not None else None
+            return UserSimulator(tools=tools, instructions=str(task.user_scenario), llm=cfg.user_model,
+                                 llm_args=dict(args))
+
+        return build
+    raise UserConfigError(f"unknown user kind {kind!r}; valid: {', '.join(USER_KINDS)}")

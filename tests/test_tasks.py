@@ -1,0 +1,59 @@
+"""Task loading and the task index JSONL slime reads as prompt data."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tau2_rl_pipeline.tasks import TaskLookupError, get_task, load_tasks, write_task_index
+
+
+def test_task_index_rows_and_metadata(tmp_path):
+    counts = write_task_index(tmp_path, ["airline", "retail", "telecom"], ["train", "test"])
+    expected = {"train": {"airline": 30, "retail": 74, "telecom": 74}, "test": {"airline": 20, "retail": 40, "telecom": 40}}
+    for split, per_domain in expected.items():
+        for domain, n in per_domain.items():
+            rows = [json.loads(line) for line in (tmp_path / f"{domain}_{split}_tasks.jsonl").read_text().splitlines()]
+            assert len(rows) == n == counts[f"{domain}_{split}_tasks.jsonl"]
+            ids = [t.id for t in load_tasks(domain, split)]
+            for i, row in enumerate(rows):
+                assert row["metadata"] == {"domain": domain, "split": split, "task_id": ids[i], "task_index": i}
+                assert isinstance(row["input"], str) and row["input"]
+        all_rows = (tmp_path / f"tau2_{split}_all_tasks.jsonl").read_text().splitlines()
+        assert len(all_rows) == sum(per_domain.values())
+
+
+def test_telecom_small_and_full_and_mock_base():
+    assert len(load_tasks("telecom", "small")) == 20
+    assert len(load_tasks("telecom", "full")) == 2285
+    assert len(load_tasks("mock", "base")) == 9
+    task = load_tasks("airline", "test")[3]
+    assert get_task("airline", task.id, "test") is task
+
+
+@pytest.mark.parametrize("domain,split,needle", [
+    ("hotel", "train", "valid domains: airline, retail, telecom, mock"),
+    ("airline", "small", "valid splits: train, test, base"),
+    ("mock", "train", "valid splits: base"),
+])
+def test_unknown_domain_or_split_lists_the_valid_ones(domain, split, needle):
+    with pytest.raises(TaskLookupError, match=needle):
+        load_tasks(domain, split)
+
+
+def test_unknown_task_id():
+    with pytest.raises(TaskLookupError, match="unknown task id 'nope'"):
+        get_task("retail", "nope", "test")
+
+
+def test_cli_is_compatible_with_the_original(tmp_path):
+    ok = subprocess.run([sys.executable, "-m", "tau2_rl_pipeline.tasks", "--local_dir", str(tmp_path),
+                         "--domains", "airline,retail", "--splits", "test"], capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "airline_test_tasks.jsonl", "retail_test_tasks.jsonl", "tau2_test_all_tasks.jsonl"]
+    bad = subprocess.run([sys.executable, "-m", "tau2_rl_pipeline.tasks", "--local_dir", str(tmp_path),
+                          "--domains", "hotel"], capture_output=True, text=True)
+    assert bad.returncode == 2
+    assert bad.stderr.strip().splitlines()[-1] == "error: unknown domain 'hotel'; valid domains: airline, retail, telecom, mock"
