@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import os
 import typing
 from dataclasses import dataclass, field, fields
@@ -46,6 +47,56 @@ class Tau2Config:
         "policy turns (generate calls) per episode before it ends as truncated", min_value=1))
     max_context_len: int = field(default=32768, metadata=_meta(
         "prompt + response tokens per episode; longer ends the episode as truncated", min_value=16))
+    episode_workers: int = field(default=64, metadata=_meta(
+        "threads for blocking episode work (tau2 tools, user-simulator calls, evaluation) shared by all "
+        "episodes in flight in one process", min_value=1))
+    # -- reward shaping (reward.py) ---------------------------------------------------------------
+    use_partial_credit: bool = field(default=True, metadata=_meta(
+        "add alpha * partial score to the task reward; off = the shaped reward is tau2's task reward"))
+    partial_weights: tuple[float, ...] = field(default=(0.5, 0.15, 0.35, 0.0), metadata=_meta(
+        "partial-score weights action,communicate,env_assertion,db (averaged over the components a "
+        "RewardInfo has)"))
+    telecom_partial_weights: tuple[float, ...] = field(default=(0.35, 0.35, 0.30, 0.0), metadata=_meta(
+        "partial-score weights for telecom (dual control: the user acts, so talking counts more)"))
+    use_telecom_weights: bool = field(default=True, metadata=_meta(
+        "score telecom with TAU2_TELECOM_PARTIAL_WEIGHTS; off = every domain uses TAU2_PARTIAL_WEIGHTS"))
+    reward_alpha: float = field(default=0.25, metadata=_meta(
+        "alpha: shaped = task reward + alpha * domain multiplier * partial score", min_value=0.0))
+    use_domain_alpha: bool = field(default=True, metadata=_meta(
+        "scale alpha by the domain multiplier (TAU2_ALPHA_MULT_*); off = alpha for every domain"))
+    alpha_mult_retail: float = field(default=0.8, metadata=_meta(
+        "alpha multiplier for retail", min_value=0.0))
+    alpha_mult_airline: float = field(default=1.0, metadata=_meta(
+        "alpha multiplier for airline (other domains, e.g. mock, use 1.0)", min_value=0.0))
+    alpha_mult_telecom: float = field(default=1.6, metadata=_meta(
+        "alpha multiplier for telecom (more partial credit for its dual-control turns)", min_value=0.0))
+    # -- GRPO advantages and curriculum (reward.py, curriculum.py) -------------------------------
+    grpo_std_normalization: bool = field(default=True, metadata=_meta(
+        "divide group-centred rewards by the group's std + 1e-6 (off = Dr. GRPO, mean-centring only)"))
+    filter_zero_std: bool = field(default=False, metadata=_meta(
+        "drop (remove_sample) groups whose valid rewards are all equal: they carry no GRPO signal"))
+    apply_curriculum_weights: bool = field(default=True, metadata=_meta(
+        "multiply advantages by the task's curriculum weight (solved / hard / 1.0)"))
+    curriculum_min_attempts: int = field(default=5, metadata=_meta(
+        "attempts of a task before its curriculum weight departs from 1.0", min_value=1))
+    curriculum_solved_threshold: float = field(default=0.75, metadata=_meta(
+        "success rate above which a task counts as solved", min_value=0.0, max_value=1.0))
+    curriculum_hard_threshold: float = field(default=0.25, metadata=_meta(
+        "success rate below which a task counts as hard", min_value=0.0, max_value=1.0))
+    curriculum_solved_weight: float = field(default=0.1, metadata=_meta(
+        "advantage weight of a solved task", min_value=0.0))
+    curriculum_hard_weight: float = field(default=0.5, metadata=_meta(
+        "advantage weight of a hard task", min_value=0.0))
+    curriculum_persist: bool = field(default=True, metadata=_meta(
+        "save the curriculum counts (atomic JSON) with each checkpoint and restore them on resume"))
+    curriculum_state_path: str = field(default="", metadata=_meta(
+        "file for the curriculum counts; empty = curriculum_state.json in the checkpoint directory"))
+    task_sampler: str = field(default="uniform", metadata=_meta(
+        "how tasks are drawn: uniform, or learning_value (in proportion to p(1-p), p the smoothed "
+        "success rate)", choices=("uniform", "learning_value")))
+    sampler_floor: float = field(default=0.05, metadata=_meta(
+        "least learning-value weight, so solved and unsolved tasks are still drawn (> 0)",
+        max_value=0.25))
 
     # -- construction ---------------------------------------------------------------------------
     @classmethod
@@ -71,6 +122,8 @@ class Tau2Config:
     def validate(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ConfigError(f"{env_var(f.name)}={value!r} must be a finite number")
             choices, lo, hi = f.metadata.get("choices"), f.metadata.get("min"), f.metadata.get("max")
             if choices and value not in choices:
                 raise ConfigError(f"{env_var(f.name)}={value!r} is not one of: {', '.join(choices)}")
@@ -78,6 +131,18 @@ class Tau2Config:
                 raise ConfigError(f"{env_var(f.name)}={value!r} must be >= {lo}")
             if hi is not None and value > hi:
                 raise ConfigError(f"{env_var(f.name)}={value!r} must be <= {hi}")
+        for name in ("partial_weights", "telecom_partial_weights"):
+            weights = getattr(self, name)
+            if (len(weights) != 4 or not all(math.isfinite(w) and w >= 0 for w in weights)
+                    or sum(weights) <= 0):
+                raise ConfigError(f"{env_var(name)}={','.join(map(str, weights))!r} must be 4 non-negative "
+                                  "numbers action,communicate,env_assertion,db with a positive sum")
+        if self.curriculum_hard_threshold >= self.curriculum_solved_threshold:
+            raise ConfigError(f"{env_var('curriculum_hard_threshold')}={self.curriculum_hard_threshold!r} must be "
+                              f"below {env_var('curriculum_solved_threshold')}={self.curriculum_solved_threshold!r}")
+        if self.sampler_floor <= 0:
+            raise ConfigError(f"{env_var('sampler_floor')}={self.sampler_floor!r} must be > 0 "
+                              "(a zero weight would never draw a solved task again)")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -108,7 +173,12 @@ def _parse(name: str, raw: str, typ: Any) -> Any:
             return tuple(float(x) for x in text.split(","))
         return text
     except ValueError:
-        kind = "true/false" if typ is bool else getattr(typ, "__name__", str(typ))
+        if typ is bool:
+            kind = "true/false"
+        elif typing.get_origin(typ) is tuple:
+            kind = "comma-separated list of numbers"
+        else:
+            kind = getattr(typ, "__name__", str(typ))
         raise ConfigError(f"{name}={raw!r} is not a valid {kind}") from None
 
 

@@ -1,0 +1,179 @@
+"""The multi-turn rollout: one tau2 episode against a policy engine, token in, token out.
+
+    trajectory = await run_episode(domain, task, engine, tokenizer, user, sampling, cfg)
+
+The first prompt is the chat template over tau2's agent system prompt, the tools, and the conversation start
+as tau2's orchestrator makes it (the agent's greeting, the user's first message). Each policy turn appends the
+sampled ids with their log-probs (mask 1); each observation appends the template's token delta (mask 0). The
+episode ends as tau2 ends it (agent or user stop, max steps, max errors), or as truncated (a turn cut by
+max_new_tokens, the context over max_context_len, max_turns), or as aborted when the engine or the user
+simulator fails for good: an infrastructure failure, recorded and never scored as the model's.
+
+The episode's blocking work (tau2 tools, the user simulator's HTTP call, evaluation) runs on a thread pool, so
+hundreds of episodes can be in flight on one event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+from concurrent.futures import Executor, ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from tau2.data_model.simulation import RewardInfo, TerminationReason
+from tau2.data_model.tasks import Task
+from tau2.environment.environment import Environment
+from tau2.user.base import BaseUser
+
+from tau2_rl_pipeline.config import Tau2Config
+from tau2_rl_pipeline.engines import Engine, EngineError, SamplingParams
+from tau2_rl_pipeline.env import Episode, UserSideError
+from tau2_rl_pipeline.prompting import render, to_agent_chat
+from tau2_rl_pipeline.tokens import ObservationTemplate, TokenBuffer
+
+COMPLETED, TRUNCATED, ABORTED = "completed", "truncated", "aborted"
+
+
+@dataclass
+class Trajectory:
+    """Everything one episode produced; `prompt_ids + response_ids` is exactly what the policy saw and sampled."""
+
+    domain: str
+    task_id: str
+    prompt_ids: list[int]
+    response_ids: list[int]
+    loss_mask: list[int]
+    rollout_logprobs: list[float]
+    chat: list[dict]  # the agent's view: system prompt, then the conversation as chat messages
+    tools: list[dict]
+    messages: list[dict]  # tau2's full trajectory (both sides, user device calls included)
+    reward_info: RewardInfo | None
+    termination_reason: str
+    status: str  # completed | truncated | aborted
+    turns: int
+    timings: dict[str, float] = field(default_factory=dict)
+    error: str | None = None
+    parse_errors: int = 0
+    refused_calls: int = 0
+
+    @property
+    def response_length(self) -> int:
+        return len(self.response_ids)
+
+    @property
+    def reward(self) -> float:
+        return float(self.reward_info.reward) if self.reward_info is not None else 0.0
+
+
+@functools.lru_cache(maxsize=None)
+def shared_executor(workers: int) -> Executor:
+    """Threads for blocking episode work; sized for I/O-bound user-simulator calls, not for CPU count."""
+    return ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tau2-episode")
+
+
+@functools.lru_cache(maxsize=8)
+def observation_template(tokenizer) -> ObservationTemplate:
+    return ObservationTemplate(tokenizer)
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.totals: dict[str, float] = {}
+
+    def add(self, key: str, seconds: float) -> None:
+        self.totals[key] = self.totals.get(key, 0.0) + seconds
+
+
+async def run_episode(
+    domain: str,
+    task: Task,
+    engine: Engine,
+    tokenizer,
+    user: BaseUser,
+    sampling: SamplingParams,
+    cfg: Tau2Config,
+    *,
+    environment: Environment | None = None,
+    executor: Executor | None = None,
+) -> Trajectory:
+    loop = asyncio.get_running_loop()
+    executor = executor or shared_executor(cfg.episode_workers)
+    clock = _Clock()
+    t_start = time.perf_counter()
+
+    async def blocking(key: str, fn, *args):
+        t0 = time.perf_counter()
+        try:
+            return await loop.run_in_executor(executor, functools.partial(fn, *args))
+        finally:
+            clock.add(key, time.perf_counter() - t0)
+
+    template = observation_template(tokenizer)
+    episode: Episode | None = None
+    buf = TokenBuffer(prompt_ids=[])
+    status, reason, error, turns = COMPLETED, None, None, 0
+    system = {"role": "system", "content": ""}
+    try:
+        episode = await blocking("env_s", lambda: Episode(domain, task, user, max_steps=cfg.max_steps,
+                                                           max_errors=cfg.max_errors, environment=environment))
+        view = await blocking("env_s", episode.start)
+        system["content"] = episode.system_prompt
+        prompt = render(tokenizer, [system, *view], episode.tools, add_generation_prompt=True)
+        buf.prompt_ids = tokenizer.encode(prompt, add_special_tokens=False)
+        while not episode.done:
+            room = cfg.max_context_len - len(buf)
+            if turns >= cfg.max_turns or room <= 0:
+                status, reason = TRUNCATED, ("max_turns" if turns >= cfg.max_turns else "max_context_len")
+                break
+            t0 = time.perf_counter()
+            result = await engine.generate(buf.all_ids(), replace(sampling, max_new_tokens=min(
+                sampling.max_new_tokens, room)))
+            clock.add("generate_s", time.perf_counter() - t0)
+            turns += 1
+            buf.add_policy(result.output_ids, result.output_logprobs)
+            if result.finish_reason == "abort":
+                status, reason, error = ABORTED, "engine_abort", "the engine aborted the request"
+                break
+            if result.finish_reason == "length":
+                status, reason = TRUNCATED, ("max_new_tokens" if len(buf) < cfg.max_context_len else "max_context_len")
+                break
+            text = tokenizer.decode(result.output_ids, skip_special_tokens=False)
+            step = await blocking("env_s", episode.act, text)
+            if step.done:
+                break
+            closing = [] if result.output_ids[-1:] == [template.end_of_turn_id] else [template.end_of_turn_id]
+            buf.add_observation(closing + template.delta_ids(to_agent_chat(step.observations)))
+    except EngineError as e:
+        status, reason, error = ABORTED, "engine_error", f"{e} (after {e.attempts} attempts)"
+    except UserSideError as e:
+        status, reason, error = ABORTED, "user_simulator_error", str(e)
+
+    reward_info = None
+    if episode is not None and status != ABORTED:
+        # tau2 scores every run not ended by an agent or user stop as 0; truncations go through the same rule.
+        reward_info = await blocking("eval_s", episode.evaluate,
+                                     None if episode.done else TerminationReason.MAX_STEPS)
+    if episode is not None and episode.done:
+        reason = episode.termination_reason.value
+    clock.add("total_s", time.perf_counter() - t_start)
+    return Trajectory(
+        domain=domain,
+        task_id=task.id,
+        prompt_ids=buf.prompt_ids,
+        response_ids=buf.response_ids,
+        loss_mask=buf.loss_mask,
+        rollout_logprobs=buf.logprobs,
+        chat=[system, *episode.agent_view()] if episode is not None else [],
+        tools=episode.tools if episode is not None else [],
+        messages=[m.model_dump(mode="json") for m in episode.messages] if episode is not None else [],
+        reward_info=reward_info,
+        termination_reason=reason or "unknown",
+        status=status,
+        turns=turns,
+        timings=clock.totals,
+        error=error,
+        parse_errors=episode.parse_errors if episode is not None else 0,
+        refused_calls=episode.refused_calls if episode is not None else 0,
+    )

@@ -1,0 +1,190 @@
+"""Curriculum tracker: weight transitions at the thresholds, learning-value sampling, and saved state that
+survives a killed process."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+from collections import Counter
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from tau2_rl_pipeline.config import Tau2Config
+from tau2_rl_pipeline.curriculum import STATE_FILE, CurriculumTracker, state_path
+
+CFG = Tau2Config()
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _tracker(cfg=CFG, **outcomes: list[bool]) -> CurriculumTracker:
+    tracker = CurriculumTracker(cfg)
+    for key, results in outcomes.items():
+        for ok in results:
+            tracker.record(key, ok)
+    return tracker
+
+
+# ---------------------------------------------------------------------------------------------------
+# weights
+
+
+def test_weight_is_neutral_until_min_attempts():
+    tracker = _tracker(a=[True] * 4, b=[False] * 4)
+    assert (tracker.weight("a"), tracker.weight("b"), tracker.weight("unseen")) == (1.0, 1.0, 1.0)
+    tracker.record("a", True)
+    tracker.record("b", False)
+    assert (tracker.weight("a"), tracker.weight("b")) == (0.1, 0.5)
+
+
+@pytest.mark.parametrize("successes,attempts,weight", [
+    (4, 5, 0.1),  # 0.8 > 0.75: solved
+    (6, 8, 1.0),  # exactly 0.75: not solved
+    (7, 9, 0.1),  # 0.78
+    (2, 8, 1.0),  # exactly 0.25: not hard
+    (1, 5, 0.5),  # 0.2 < 0.25: hard
+    (0, 5, 0.5),
+    (5, 10, 1.0),
+])
+def test_weight_transitions_at_the_thresholds(successes, attempts, weight):
+    tracker = _tracker(t=[True] * successes + [False] * (attempts - successes))
+    assert tracker.weight("t") == weight
+
+
+def test_a_task_moves_from_hard_to_middle_to_solved_as_it_is_learned():
+    tracker = _tracker(t=[False] * 5)
+    seen = [tracker.weight("t")]
+    for _ in range(15):
+        tracker.record("t", True)
+        seen.append(tracker.weight("t"))
+    # 0/5 hard; 2/7 = 0.29 leaves hard; 13/18 = 0.72 still middle; 15/20 = 0.75 not yet; never solved here
+    assert seen[0] == 0.5 and seen[1] == 0.5 and seen[2] == 1.0
+    assert set(seen[2:]) == {1.0}
+    tracker.record("t", True)  # 16/21 = 0.76
+    assert tracker.weight("t") == 0.1
+
+
+def test_each_curriculum_knob_changes_the_weight():
+    solved = [True] * 4 + [False]  # 0.8
+    hard = [False] * 4 + [True]  # 0.2
+    assert _tracker(replace(CFG, curriculum_min_attempts=6), t=solved).weight("t") == 1.0
+    assert _tracker(replace(CFG, curriculum_solved_weight=0.3), t=solved).weight("t") == 0.3
+    assert _tracker(replace(CFG, curriculum_hard_weight=0.7), t=hard).weight("t") == 0.7
+    assert _tracker(replace(CFG, curriculum_solved_threshold=0.85), t=solved).weight("t") == 1.0
+    assert _tracker(replace(CFG, curriculum_hard_threshold=0.1), t=hard).weight("t") == 1.0
+
+
+# ---------------------------------------------------------------------------------------------------
+# sampling
+
+
+def test_learning_value_weights_use_smoothed_p_with_a_floor():
+    cfg = replace(CFG, task_sampler="learning_value")
+    outcomes = {"half": [True, False], "good": [True] * 10, "solved": [True] * 100}
+    keys = ["unseen", "half", "good", "solved"]
+    # unseen: p = 1/2; half: 2/4; good: 11/12 -> 11/144; solved: 101/102 -> below the floor
+    assert _tracker(cfg, **outcomes).sampling_weights(keys) == pytest.approx([0.25, 0.25, 11 / 144, 0.05])
+    low_floor = _tracker(replace(cfg, sampler_floor=0.005), **outcomes)
+    assert low_floor.sampling_weights(["solved"]) == pytest.approx([101 / 102 ** 2])
+    assert _tracker(CFG, **outcomes).sampling_weights(keys) == [1.0] * 4  # uniform
+
+
+def test_draw_gives_distinct_tasks_and_favours_learning_value():
+    keys = ["open", "solved"]
+    lv = _tracker(replace(CFG, task_sampler="learning_value"), solved=[True] * 100)
+    uniform = _tracker(CFG, solved=[True] * 100)
+    rng = random.Random(0)
+    lv_counts = Counter(lv.draw(keys, 1, rng)[0] for _ in range(2000))
+    uni_counts = Counter(uniform.draw(keys, 1, rng)[0] for _ in range(2000))
+    # learning value 0.25 vs floor 0.05: "open" drawn 5/6 of the time; uniform about half
+    assert 0.78 < lv_counts["open"] / 2000 < 0.88
+    assert 0.45 < uni_counts["open"] / 2000 < 0.55
+    assert sorted(lv.draw(keys, 2, rng)) == keys
+    with pytest.raises(ValueError, match="cannot draw 3 distinct tasks from 2"):
+        lv.draw(keys, 3, rng)
+
+
+# ---------------------------------------------------------------------------------------------------
+# persistence
+
+
+def test_state_path_follows_the_config(tmp_path):
+    assert state_path(CFG, tmp_path) == tmp_path / STATE_FILE
+    assert state_path(CFG, None) is None
+    assert state_path(replace(CFG, curriculum_state_path=str(tmp_path / "x.json")), None) == tmp_path / "x.json"
+    assert state_path(replace(CFG, curriculum_persist=False), tmp_path) is None
+
+
+def test_save_and_load_round_trip(tmp_path):
+    tracker = _tracker(**{"airline/1": [True, False, True], "retail/0": [False]})
+    tracker.count_groups(7, 3)
+    path = tmp_path / "ckpt" / STATE_FILE
+    tracker.save(path)
+    back = CurriculumTracker.load(path, CFG)
+    assert back.to_dict() == tracker.to_dict()
+    assert (back.groups_seen, back.zero_signal_groups) == (7, 3)
+    assert [p.name for p in path.parent.iterdir()] == [STATE_FILE]  # no temp file left behind
+
+
+def test_restore_starts_fresh_without_a_file_and_refuses_a_bad_one(tmp_path):
+    assert CurriculumTracker.restore(CFG, tmp_path / "missing.json").attempts == {}
+    assert CurriculumTracker.restore(CFG, None).attempts == {}
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(ValueError, match=f"curriculum state {bad} is unreadable"):
+        CurriculumTracker.restore(CFG, bad)
+    bad.write_text(json.dumps({"version": 99}))
+    with pytest.raises(ValueError, match="version 99"):
+        CurriculumTracker.load(bad, CFG)
+
+
+_WRITER = textwrap.dedent("""
+    import sys
+    from tau2_rl_pipeline.config import Tau2Config
+    from tau2_rl_pipeline.curriculum import CurriculumTracker
+    path = sys.argv[1]
+    tracker = CurriculumTracker.restore(Tau2Config(), path)
+    i = 0
+    while True:  # record and save until killed; every save holds an even/odd-consistent count
+        tracker.record("airline/3", i % 2 == 0)
+        tracker.count_groups(1, i % 2)
+        tracker.save(path)
+        if i == 0:
+            print("saved", flush=True)
+        i += 1
+""")
+
+
+def test_save_kill_restore_continues_the_counts(tmp_path):
+    path = tmp_path / STATE_FILE
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-c", _WRITER, str(path)], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert proc.stdout.readline().strip() == "saved"
+        while True:  # read while it writes: every read must see a whole, consistent file
+            seen = CurriculumTracker.load(path, CFG)
+            m = seen.attempts["airline/3"]
+            assert seen.successes["airline/3"] == (m + 1) // 2
+            if m >= 50:
+                break
+    finally:
+        proc.send_signal(signal.SIGKILL)  # no clean shutdown: it may die mid-write
+        proc.wait()
+    restored = CurriculumTracker.restore(CFG, path)
+    n = restored.attempts["airline/3"]
+    assert n >= 2
+    assert restored.successes["airline/3"] == (n + 1) // 2
+    assert restored.groups_seen == n and restored.zero_signal_groups == n // 2
+    # continue where the killed run stopped: the counts carry on, and so does the weight
+    for _ in range(3):
+        restored.record("airline/3", True)
+    restored.save(path)
+    again = CurriculumTracker.load(path, CFG)
+    assert again.attempts["airline/3"] == n + 3
+    assert again.successes["airline/3"] == (n + 1) // 2 + 3

@@ -1,0 +1,210 @@
+"""Token-in/token-out rollout: token fidelity, masks, log-probs, truncation, retries and aborts."""
+
+import asyncio
+from dataclasses import replace
+
+import pytest
+import torch
+
+from tau2_rl_pipeline.actions import render_assistant_text
+from tau2_rl_pipeline.config import Tau2Config
+from tau2_rl_pipeline.engines import GenerateResult, SamplingParams, SGLangEngine, TransformersEngine
+from tau2_rl_pipeline.loopback_server import Fault
+from tau2_rl_pipeline.oracle import final_message, gold_actions
+from tau2_rl_pipeline.prompting import render
+from tau2_rl_pipeline.rollout import ABORTED, COMPLETED, TRUNCATED, run_episode
+from tau2_rl_pipeline.tasks import get_task, load_tasks
+from tau2_rl_pipeline.users import ScriptedUser
+
+CFG = Tau2Config.from_env({})
+
+
+class ChosenTextEngine:
+    """Emits the canonical tokens of chosen assistant texts, one per call (the engine contract, nothing more)."""
+
+    def __init__(self, tokenizer, texts):
+        self.tokenizer = tokenizer
+        self.texts = list(texts)
+        self.sampled: list[list[int]] = []
+
+    async def generate(self, input_ids, sampling):
+        text = self.texts.pop(0) + self.tokenizer.eos_token
+        ids = self.tokenizer.encode(text, add_special_tokens=False)[: sampling.max_new_tokens]
+        self.sampled.append(ids)
+        finish = "stop" if ids[-1] == self.tokenizer.eos_token_id else "length"
+        return GenerateResult(ids, [-0.25 - 0.01 * i for i in range(len(ids))], finish)
+
+
+def _run(domain, task, engine, tokenizer, cfg=CFG, user=None, **sampling):
+    user = user or ScriptedUser(task)
+    return asyncio.run(run_episode(domain, task, engine, tokenizer, user, SamplingParams(**sampling), cfg))
+
+
+def _check_books(traj, sampled):
+    assert len(traj.loss_mask) == len(traj.rollout_logprobs) == traj.response_length
+    policy = [t for t, m in zip(traj.response_ids, traj.loss_mask) if m]
+    assert policy == [t for ids in sampled for t in ids]
+    assert all(lp == 0.0 for lp, m in zip(traj.rollout_logprobs, traj.loss_mask) if not m)
+
+
+def _telecom_script(task):
+    lookup = next(a for a in gold_actions(task) if a.requestor == "assistant")
+    asks = [f"Please {' '.join(a.name.split('_')[1:])} on your phone." for a in gold_actions(task)
+            if a.requestor == "user"]
+    return [render_assistant_text("Let me look you up.", [(lookup.name, lookup.arguments)]), *asks,
+            "Thanks, that should fix it."]
+
+
+def test_canonical_multi_turn_episode_equals_the_chat_template_token_for_token(qwen3_tokenizer):
+    task = next(t for t in load_tasks("telecom", "test")
+                if {a.requestor for a in gold_actions(t)} == {"assistant", "user"})
+    engine = ChosenTextEngine(qwen3_tokenizer, _telecom_script(task))
+    traj = _run("telecom", task, engine, qwen3_tokenizer, temperature=1.0)
+    assert traj.status == COMPLETED and traj.termination_reason == "user_stop"
+    assert traj.reward == 1.0 and traj.turns == len(engine.sampled) >= 4
+    roles = [m["role"] for m in traj.chat]
+    assert roles.count("tool") >= 1 and roles.count("user") >= 3
+    _check_books(traj, engine.sampled)
+    rendered = render(qwen3_tokenizer, traj.chat, traj.tools, add_generation_prompt=False)
+    expected = qwen3_tokenizer.encode(rendered, add_special_tokens=False)
+    ours = traj.prompt_ids + traj.response_ids
+    # sampling stops at <|im_end|>; the template then adds "\n" and the user's closing turn, which the policy
+    # never conditions on, so the token stream ends there
+    assert ours == expected[: len(ours)]
+    assert qwen3_tokenizer.decode(expected[len(ours):]) == "\n<|im_start|>user\n###STOP###<|im_end|>\n"
+
+
+def test_parse_errors_and_tool_errors_are_observations_in_the_token_stream(qwen3_tokenizer):
+    task = get_task("mock", "create_task_1")
+    (action,) = gold_actions(task)
+    texts = ['<tool_call>{"name": "create_task", "arguments": </tool_call>',
+             render_assistant_text("", [(action.name, action.arguments)]), final_message(task)]
+    engine = ChosenTextEngine(qwen3_tokenizer, texts)
+    traj = _run("mock", task, engine, qwen3_tokenizer)
+    assert traj.parse_errors == 1 and traj.reward == 1.0 and traj.status == COMPLETED
+    _check_books(traj, engine.sampled)
+    tool_turns = [m["content"] for m in traj.chat if m["role"] == "tool"]
+    assert tool_turns[0].startswith("Error in tool call #1")
+    decoded = qwen3_tokenizer.decode(traj.response_ids)
+    assert "<tool_response>\nError in tool call #1" in decoded
+
+
+def test_random_model_keeps_sampled_ids_that_retokenizing_would_change(tiny_qwen3_dir, qwen3_tokenizer):
+    engine = TransformersEngine.from_pretrained(tiny_qwen3_dir, seed=0)
+    task = get_task("mock", "create_task_1")
+    traj = _run("mock", task, engine, qwen3_tokenizer, max_new_tokens=24, seed=1)
+    assert traj.status == TRUNCATED and traj.termination_reason == "max_new_tokens"
+    sampled = [t for t, m in zip(traj.response_ids, traj.loss_mask) if m]
+    assert len(sampled) == 24 and traj.response_ids == sampled
+    retokenized = qwen3_tokenizer.encode(qwen3_tokenizer.decode(sampled), add_special_tokens=False)
+    assert retokenized != sampled  # re-tokenizing the text would train on ids the model never produced
+    assert traj.reward == 0.0 and traj.reward_info is not None
+
+
+def test_transformers_engine_logprobs_match_a_teacher_forced_pass(tiny_small_dir, small_tokenizer):
+    engine = TransformersEngine.from_pretrained(tiny_small_dir, seed=0)
+    task = get_task("mock", "create_task_1")
+    cfg = replace(CFG, max_turns=3)
+    stop = (small_tokenizer.convert_tokens_to_ids("<|im_end|>"),)
+    traj = _run("mock", task, engine, small_tokenizer, cfg, max_new_tokens=12, stop_token_ids=stop, seed=3)
+    ids = torch.tensor([traj.prompt_ids + traj.response_ids])
+    with torch.no_grad():
+        logits = engine.model(ids).logits[0].float()
+    logp = torch.log_softmax(logits, -1)
+    start = len(traj.prompt_ids)
+    checked = 0
+    for i, (tok, m, lp) in enumerate(zip(traj.response_ids, traj.loss_mask, traj.rollout_logprobs)):
+        if m:
+            assert abs(logp[start + i - 1, tok].item() - lp) < 1e-4
+            checked += 1
+    assert checked == sum(traj.loss_mask) > 0
+
+
+def _loopback_run(loopback, small_tokenizer, task, cfg=CFG, engine=None, **sampling):
+    engine = engine or SGLangEngine(loopback.base_url, max_retries=3, backoff_base_s=0.01, backoff_max_s=0.02,
+                                    timeout_s=5.0)
+    sampling.setdefault("stop_token_ids", (small_tokenizer.eos_token_id,))
+    return _run("mock", task, engine, small_tokenizer, cfg, **sampling)
+
+
+def _canonical(tokenizer, text):
+    return tokenizer.encode(text + tokenizer.eos_token, add_special_tokens=False)
+
+
+def test_loopback_episode_completes_and_scores(loopback, small_tokenizer):
+    task = get_task("mock", "create_task_1")
+    (action,) = gold_actions(task)
+    loopback.script(_canonical(small_tokenizer, render_assistant_text("", [(action.name, action.arguments)])),
+                    _canonical(small_tokenizer, final_message(task)))
+    traj = _loopback_run(loopback, small_tokenizer, task)
+    assert traj.status == COMPLETED and traj.reward == 1.0 and traj.turns == 2
+    body = loopback.requests[0][1]
+    assert body["return_logprob"] is True and body["input_ids"] == traj.prompt_ids
+    assert all(lp <= 0.0 for lp in traj.rollout_logprobs) and any(lp < 0.0 for lp in traj.rollout_logprobs)
+
+
+def test_loopback_turn_cut_by_max_new_tokens_is_truncated(loopback, small_tokenizer):
+    task = get_task("mock", "create_task_1")
+    loopback.script(_canonical(small_tokenizer, "a rather long reply " * 10))
+    traj = _loopback_run(loopback, small_tokenizer, task, max_new_tokens=5)
+    assert traj.status == TRUNCATED and traj.termination_reason == "max_new_tokens"
+    assert traj.response_length == 5 and traj.reward == 0.0
+
+
+def test_context_budget_truncates(loopback, small_tokenizer):
+    task = get_task("mock", "create_task_1")
+    probe = _loopback_run(loopback, small_tokenizer, task, max_new_tokens=1)
+    cfg = replace(CFG, max_context_len=len(probe.prompt_ids) + 3)
+    traj = _loopback_run(loopback, small_tokenizer, task, cfg, max_new_tokens=50)
+    assert traj.status == TRUNCATED and traj.termination_reason == "max_context_len"
+    assert len(traj.prompt_ids) + traj.response_length <= cfg.max_context_len
+
+
+def test_max_turns_truncates(loopback, small_tokenizer):
+    task = get_task("mock", "create_task_1")
+    loopback.script(*[_canonical(small_tokenizer, "<tool_call>{bad</tool_call>")] * 3)
+    traj = _loopback_run(loopback, small_tokenizer, task, replace(CFG, max_turns=2))
+    assert traj.status == TRUNCATED and traj.termination_reason == "max_turns" and traj.turns == 2
+
+
+def test_server_failing_twice_is_retried_and_the_episode_completes(loopback, small_tokenizer):
+    task = get_task("mock", "create_task_1")
+    (action,) = gold_actions(task)
+    loopback.faults.fail_next(2, Fault.ERROR_500)
+    loopback.script(_canonical(small_tokenizer, render_assistant_text("", [(action.name, action.arguments)])),
+                    _canonical(small_tokenizer, final_message(task)))
+    traj = _loopback_run(loopback, small_tokenizer, task)
+    assert traj.status == COMPLETED and traj.reward == 1.0
+    assert loopback.count("/generate") == 4  # two failures, then one answer per turn
+
+
+def test_server_that_never_answers_aborts_the_episode_unscored(loopback, small_tokenizer):
+    task = get_task("mock", "create_task_1")
+    loopback.faults.fail_next(100, Fault.ERROR_500)
+    traj = _loopback_run(loopback, small_tokenizer, task)
+    assert traj.status == ABORTED and traj.termination_reason == "engine_error"
+    assert traj.reward_info is None and "500" in traj.error and "4 attempts" in traj.error
+
+
+def test_closed_port_aborts_with_the_error_recorded(small_tokenizer):
+    task = get_task("mock", "create_task_1")
+    engine = SGLangEngine("http://127.0.0.1:9", max_retries=1, backoff_base_s=0.01, timeout_s=1.0)
+    traj = _run("mock", task, engine, small_tokenizer, stop_token_ids=(small_tokenizer.eos_token_id,))
+    assert traj.status == ABORTED and traj.reward_info is None and "127.0.0.1:9" in traj.error
+
+
+@pytest.mark.parametrize("n", [8])
+def test_many_episodes_in_flight_on_one_loop(loopback, small_tokenizer, n):
+    tasks = load_tasks("mock", "base")[:n]
+    engine = SGLangEngine(loopback.base_url, max_in_flight=4)
+
+    async def main():
+        return await asyncio.gather(*[
+            run_episode("mock", t, engine, small_tokenizer, ScriptedUser(t),
+                        SamplingParams(max_new_tokens=6, stop_token_ids=(small_tokenizer.eos_token_id,)), CFG)
+            for t in tasks])
+
+    trajs = asyncio.run(main())
+    assert [t.task_id for t in trajs] == [t.id for t in tasks]
+    assert all(t.status in (COMPLETED, TRUNCATED) for t in trajs)
+    assert loopback.max_concurrent <= 4
