@@ -96,6 +96,8 @@ class Episode:
         self.num_errors = 0
         self.parse_errors = 0
         self.refused_calls = 0
+        self.unknown_tool_calls = 0  # agent calls to names it does not have (user tools included)
+        self.user_tool_calls_by_agent = 0
         self.done = False
         self.termination_reason: TerminationReason | None = None
         self._user_state: Any = None
@@ -144,6 +146,7 @@ class Episode:
         if self.done:
             raise RuntimeError("episode is over")
         action = self.parse(completion)
+        self._count_foreign_calls(completion)
         if action.error is not None:
             return self._act_parse_error(completion, action)
         if action.is_tool_call:
@@ -168,6 +171,12 @@ class Episode:
         self._run_user(msg)
         new = [m for m in self.messages[before:] if isinstance(m, UserMessage) and not m.is_tool_call()]
         return ActResult(new, self.done)
+
+    def _count_foreign_calls(self, completion: str) -> None:
+        for call in parse_completion(completion).tool_calls:
+            if call.name not in self.agent_tool_names:
+                self.unknown_tool_calls += 1
+                self.user_tool_calls_by_agent += call.name in self.user_tool_names
 
     def _act_parse_error(self, completion: str, action: ParsedAction) -> ActResult:
         self.parse_errors += 1

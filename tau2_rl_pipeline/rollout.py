@@ -57,6 +57,8 @@ class Trajectory:
     error: str | None = None
     parse_errors: int = 0
     refused_calls: int = 0
+    unknown_tool_calls: int = 0
+    user_tool_calls_by_agent: int = 0
 
     @property
     def response_length(self) -> int:
@@ -176,4 +178,6 @@ async def run_episode(
         error=error,
         parse_errors=episode.parse_errors if episode is not None else 0,
         refused_calls=episode.refused_calls if episode is not None else 0,
+        unknown_tool_calls=episode.unknown_tool_calls if episode is not None else 0,
+        user_tool_calls_by_agent=episode.user_tool_calls_by_agent if episode is not None else 0,
     )

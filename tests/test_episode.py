@@ -32,6 +32,8 @@ def test_refused_agent_calls_are_error_observations_and_never_run(completion, wh
     assert why in result.observations[0].content
     assert (ep.env.get_db_hash(), ep.env.get_user_db_hash()) == before
     assert ep.num_errors == 1 and not ep.done
+    assert ep.user_tool_calls_by_agent == (1 if "toggle_airplane_mode" in completion else 0)
+    assert ep.unknown_tool_calls == (1 if "unknown tool" in why else 0)
 
 
 @pytest.mark.parametrize("arguments,why", [
