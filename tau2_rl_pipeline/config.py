@@ -28,7 +28,7 @@ def _meta(doc: str, *, choices: tuple[str, ...] | None = None, min_value: float 
     return {"doc": doc, "choices": choices, "min": min_value, "max": max_value}
 
 
-@dataclass
+@dataclass(frozen=True)
 class Tau2Config:
     # -- user simulator -------------------------------------------------------------------------
     user_model: str = field(default="gpt-4.1", metadata=_meta(

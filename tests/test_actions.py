@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
-from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -261,21 +259,6 @@ def test_huge_integers_are_rejected_even_with_the_interpreter_digit_limit_off() 
 
 # ---------------------------------------------------------------------------------------------------------------
 # Byte identity with the real Qwen3 chat template
-
-
-def qwen3_tokenizer_path() -> Path:
-    env = os.environ.get("TAU2_QWEN3_TOKENIZER")
-    path = Path(env) if env else Path(__file__).resolve().parents[1].parent / "shared" / "tokenizers" / "qwen3"
-    if not (path / "tokenizer_config.json").exists():
-        pytest.skip(f"no Qwen3 tokenizer at {path}: set TAU2_QWEN3_TOKENIZER to a directory holding one")
-    return path
-
-
-@pytest.fixture(scope="module")
-def qwen3_tokenizer():
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(qwen3_tokenizer_path()))
 
 
 def template_assistant_body(tokenizer, content: str, calls: list[tuple[str, dict]]) -> str:

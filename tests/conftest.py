@@ -1,0 +1,79 @@
+"""Shared fixtures: the real Qwen3 tokenizer, tiny random Qwen3 models, an in-process engine, a loopback server.
+
+Models are built once per test session in a temporary directory (about a second each on CPU).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import tau2_rl_pipeline  # noqa: F401  (sets LITELLM_LOCAL_MODEL_COST_MAP before anything imports litellm)
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+QWEN3_TOKENIZER_ENV = "TAU2_QWEN3_TOKENIZER"
+
+
+def qwen3_tokenizer_path() -> Path | None:
+    """$TAU2_QWEN3_TOKENIZER, else ../shared/tokenizers/qwen3 beside the repository; None when neither exists."""
+    candidates = [Path(os.environ[QWEN3_TOKENIZER_ENV])] if os.environ.get(QWEN3_TOKENIZER_ENV) else []
+    candidates.append(REPO_ROOT.parent / "shared" / "tokenizers" / "qwen3")
+    return next((c for c in candidates if (c / "tokenizer.json").is_file()), None)
+
+
+@pytest.fixture(scope="session")
+def qwen3_tokenizer() -> Any:
+    """The real Qwen3-4B-Instruct-2507 tokenizer (skips the test when it is not available)."""
+    path = qwen3_tokenizer_path()
+    if path is None:
+        pytest.skip(f"needs the Qwen3 tokenizer: set {QWEN3_TOKENIZER_ENV}=DIR (a directory with the "
+                    "tokenizer.json and tokenizer_config.json of Qwen/Qwen3-4B-Instruct-2507) or put those files "
+                    "at ../shared/tokenizers/qwen3 beside the repository")
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(path))
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_dir(tmp_path_factory: pytest.TempPathFactory, qwen3_tokenizer: Any) -> Path:
+    """A tiny random Qwen3 with the real Qwen3 tokenizer (151669-way vocabulary): inference-only tests."""
+    from tau2_rl_pipeline.tiny_model import build_tiny_qwen3
+
+    return build_tiny_qwen3(tmp_path_factory.mktemp("models") / "tiny-qwen3", qwen3_tokenizer)
+
+
+@pytest.fixture(scope="session")
+def small_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """A byte-level BPE tokenizer trained on tau2's mock domain, with Qwen3's markers and chat template."""
+    from tau2_rl_pipeline.tiny_model import domain_corpus, train_small_tokenizer
+
+    return train_small_tokenizer(domain_corpus(["mock"]), tmp_path_factory.mktemp("small-tokenizer"))
+
+
+@pytest.fixture(scope="session")
+def tiny_small_dir(tmp_path_factory: pytest.TempPathFactory, small_tokenizer: Any) -> Path:
+    """A tiny random Qwen3 over the small tokenizer: cheap enough to sample from and train on CPU."""
+    from tau2_rl_pipeline.tiny_model import build_tiny_qwen3
+
+    return build_tiny_qwen3(tmp_path_factory.mktemp("models") / "tiny-small", small_tokenizer)
+
+
+@pytest.fixture(scope="session")
+def tiny_engine(tiny_small_dir: Path) -> Any:
+    """TransformersEngine over the small-tokenizer model (fp32, CPU). Tests pass explicit seeds."""
+    from tau2_rl_pipeline.engines import TransformersEngine
+
+    return TransformersEngine.from_pretrained(tiny_small_dir, seed=0)
+
+
+@pytest.fixture
+def loopback(tiny_engine: Any) -> Iterator[Any]:
+    """A fresh SGLang look-alike HTTP server on 127.0.0.1 (no faults, no latency, empty request log)."""
+    from tau2_rl_pipeline.loopback_server import LoopbackServer
+
+    with LoopbackServer(tiny_engine) as server:
+        yield server
