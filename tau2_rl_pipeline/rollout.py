@@ -80,6 +80,10 @@ def observation_template(tokenizer) -> ObservationTemplate:
     return ObservationTemplate(tokenizer)
 
 
+def _encode_prompt(tokenizer, chat: list[dict], tools: list[dict]) -> list[int]:
+    return tokenizer.encode(render(tokenizer, chat, tools, add_generation_prompt=True), add_special_tokens=False)
+
+
 class _Clock:
     def __init__(self) -> None:
         self.totals: dict[str, float] = {}
@@ -113,17 +117,15 @@ async def run_episode(
             clock.add(key, time.perf_counter() - t0)
 
     template = observation_template(tokenizer)
-    episode: Episode | None = None
+    episode = await blocking("env_s", lambda: Episode(domain, task, user, max_steps=cfg.max_steps,
+                                                       max_errors=cfg.max_errors, environment=environment))
+    system = {"role": "system", "content": episode.system_prompt}
     buf = TokenBuffer(prompt_ids=[])
     status, reason, error, turns = COMPLETED, None, None, 0
-    system = {"role": "system", "content": ""}
     try:
-        episode = await blocking("env_s", lambda: Episode(domain, task, user, max_steps=cfg.max_steps,
-                                                           max_errors=cfg.max_errors, environment=environment))
         view = await blocking("env_s", episode.start)
-        system["content"] = episode.system_prompt
-        prompt = render(tokenizer, [system, *view], episode.tools, add_generation_prompt=True)
-        buf.prompt_ids = tokenizer.encode(prompt, add_special_tokens=False)
+        # the first prompt holds the whole policy and tool schemas: tokenize it off the event loop
+        buf.prompt_ids = await blocking("tokenize_s", _encode_prompt, tokenizer, [system, *view], episode.tools)
         while not episode.done:
             room = cfg.max_context_len - len(buf)
             if turns >= cfg.max_turns or room <= 0:
@@ -153,11 +155,11 @@ async def run_episode(
         status, reason, error = ABORTED, "user_simulator_error", str(e)
 
     reward_info = None
-    if episode is not None and status != ABORTED:
+    if status != ABORTED:
         # tau2 scores every run not ended by an agent or user stop as 0; truncations go through the same rule.
         reward_info = await blocking("eval_s", episode.evaluate,
                                      None if episode.done else TerminationReason.MAX_STEPS)
-    if episode is not None and episode.done:
+    if episode.done:
         reason = episode.termination_reason.value
     clock.add("total_s", time.perf_counter() - t_start)
     return Trajectory(
@@ -167,17 +169,17 @@ async def run_episode(
         response_ids=buf.response_ids,
         loss_mask=buf.loss_mask,
         rollout_logprobs=buf.logprobs,
-        chat=[system, *episode.agent_view()] if episode is not None else [],
-        tools=episode.tools if episode is not None else [],
-        messages=[m.model_dump(mode="json") for m in episode.messages] if episode is not None else [],
+        chat=[system, *episode.agent_view()],
+        tools=episode.tools,
+        messages=[m.model_dump(mode="json") for m in episode.messages],
         reward_info=reward_info,
         termination_reason=reason or "unknown",
         status=status,
         turns=turns,
         timings=clock.totals,
         error=error,
-        parse_errors=episode.parse_errors if episode is not None else 0,
-        refused_calls=episode.refused_calls if episode is not None else 0,
-        unknown_tool_calls=episode.unknown_tool_calls if episode is not None else 0,
-        user_tool_calls_by_agent=episode.user_tool_calls_by_agent if episode is not None else 0,
+        parse_errors=episode.parse_errors,
+        refused_calls=episode.refused_calls,
+        unknown_tool_calls=episode.unknown_tool_calls,
+        user_tool_calls_by_agent=episode.user_tool_calls_by_agent,
     )
