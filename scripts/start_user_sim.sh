@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Serve the user simulator: an SGLang server (OpenAI-compatible /v1) on USER_SIM_GPUS that tau2's user simulator
+# reaches through litellm as TAU2_USER_MODEL=openai/<served name> at TAU2_USER_API_BASE. Runs in the foreground
+# (pipeline.sh starts it in the background); stop it with Ctrl-C.
+#
+#   bash scripts/start_user_sim.sh            # serves ${BASE_HF_DIR} on 127.0.0.1:30001 by default
+#   DRY_RUN=1 bash scripts/start_user_sim.sh
+#
+# The served name and port come from TAU2_USER_MODEL and TAU2_USER_API_BASE, so the server is always where the
+# rollout looks for it. --tool-call-parser: in telecom the simulated user calls its own tools.
+set -euo pipefail
+# shellcheck source-path=SCRIPTDIR source=common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+
+USER_SIM_MODEL_PATH="${USER_SIM_MODEL_PATH:-${BASE_HF_DIR}}"
+USER_SIM_HOST="${USER_SIM_HOST:-127.0.0.1}"
+USER_SIM_MEM_FRACTION="${USER_SIM_MEM_FRACTION:-0.85}"
+USER_SIM_TOOL_PARSER="${USER_SIM_TOOL_PARSER:-qwen25}"
+
+[[ -n "${TAU2_USER_API_BASE}" ]] || die "TAU2_USER_API_BASE is empty (provider endpoint): there is no local user simulator to serve"
+[[ "${TAU2_USER_API_BASE}" =~ ^http://[^/:]+:([0-9]+)/v1/?$ ]] ||
+  die "TAU2_USER_API_BASE=${TAU2_USER_API_BASE} must look like http://127.0.0.1:30001/v1"
+USER_SIM_PORT="${BASH_REMATCH[1]}"
+[[ "${TAU2_USER_MODEL}" == openai/?* ]] ||
+  die "TAU2_USER_MODEL=${TAU2_USER_MODEL} must be openai/<served name> for litellm to use this server"
+SERVED_NAME="${TAU2_USER_MODEL#openai/}"
+require_number USER_SIM_MEM_FRACTION "${USER_SIM_MEM_FRACTION}"
+USER_SIM_DP=$((NUM_USER_SIM_GPUS / USER_SIM_TP))
+
+require_file "${USER_SIM_MODEL_PATH}/config.json" "user simulator model (scripts/download.sh)"
+require_port_free "${USER_SIM_PORT}" "user simulator"
+require_gpus "${USER_SIM_GPUS}" "user simulator"
+note "layout ${TAU2_GPU_LAYOUT}: user simulator on GPUs ${USER_SIM_GPUS} (TP${USER_SIM_TP} x DP${USER_SIM_DP})"
+
+run env CUDA_VISIBLE_DEVICES="${USER_SIM_GPUS}" "${PYTHON}" -m sglang.launch_server \
+  --model-path "${USER_SIM_MODEL_PATH}" \
+  --served-model-name "${SERVED_NAME}" \
+  --host "${USER_SIM_HOST}" \
+  --port "${USER_SIM_PORT}" \
+  --tp-size "${USER_SIM_TP}" \
+  --dp-size "${USER_SIM_DP}" \
+  --mem-fraction-static "${USER_SIM_MEM_FRACTION}" \
+  --tool-call-parser "${USER_SIM_TOOL_PARSER}"

@@ -1,0 +1,137 @@
+#!/usr/bin/env bash
+# Stage: GRPO on tau2 train tasks with this package's multi-turn rollout (slime's train.py, training and rollout
+# colocated on the policy GPUs). Needs the user simulator (scripts/start_user_sim.sh) on the other GPUs.
+#
+#   bash scripts/train_grpo.sh                # ${RFT_CKPT_DIR} -> ${GRPO_CKPT_DIR}
+#   DRY_RUN=1 bash scripts/train_grpo.sh      # print the commands instead
+#
+# Starts from GRPO_INIT_DIR's weights at rollout 0 without its optimizer state, with the same checkpoint as the KL
+# reference; resumes if GRPO_CKPT_DIR already holds a checkpoint. Every default below is overridable.
+set -euo pipefail
+# shellcheck source-path=SCRIPTDIR source=common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+source_model_args
+
+GRPO_INIT_DIR="${GRPO_INIT_DIR:-${RFT_CKPT_DIR}}"
+GRPO_PROMPT_DATA="${GRPO_PROMPT_DATA:-${TASKS_DIR}/tau2_train_all_tasks.jsonl}"
+GRPO_WANDB_GROUP="${GRPO_WANDB_GROUP:-grpo-qwen3-4b}"
+# GRPO defaults (the original cookbook's): 200 rollouts of 16 tasks x 4 samples, one optimizer step per rollout.
+GRPO_NUM_ROLLOUT="${GRPO_NUM_ROLLOUT:-200}"
+GRPO_ROLLOUT_BATCH_SIZE="${GRPO_ROLLOUT_BATCH_SIZE:-16}"
+GRPO_N_SAMPLES="${GRPO_N_SAMPLES:-4}"
+GRPO_GLOBAL_BATCH_SIZE="${GRPO_GLOBAL_BATCH_SIZE:-$((GRPO_ROLLOUT_BATCH_SIZE * GRPO_N_SAMPLES))}"
+GRPO_EPS_CLIP="${GRPO_EPS_CLIP:-0.2}"
+GRPO_EPS_CLIP_HIGH="${GRPO_EPS_CLIP_HIGH:-0.28}"
+GRPO_KL_LOSS_TYPE="${GRPO_KL_LOSS_TYPE:-low_var_kl}"
+GRPO_KL_LOSS_COEF="${GRPO_KL_LOSS_COEF:-0.01}"
+GRPO_ENTROPY_COEF="${GRPO_ENTROPY_COEF:-0.001}"
+GRPO_LR="${GRPO_LR:-1e-6}"
+GRPO_TEMPERATURE="${GRPO_TEMPERATURE:-0.7}"
+GRPO_MAX_RESPONSE_LEN="${GRPO_MAX_RESPONSE_LEN:-4096}"   # SGLang max_new_tokens per policy turn
+GRPO_SAVE_INTERVAL="${GRPO_SAVE_INTERVAL:-20}"
+GRPO_MAX_TOKENS_PER_GPU="${GRPO_MAX_TOKENS_PER_GPU:-12288}"
+GRPO_SGLANG_MEM_FRACTION="${GRPO_SGLANG_MEM_FRACTION:-0.7}"
+# true: drop groups whose samples all got the same reward (no GRPO signal) and sample more (a Tau2Config field).
+FILTER_ZERO_STD="$(bool_setting TAU2_FILTER_ZERO_STD "${TAU2_FILTER_ZERO_STD:-0}")"
+
+for name in GRPO_NUM_ROLLOUT GRPO_ROLLOUT_BATCH_SIZE GRPO_N_SAMPLES GRPO_GLOBAL_BATCH_SIZE GRPO_MAX_RESPONSE_LEN \
+  GRPO_SAVE_INTERVAL GRPO_MAX_TOKENS_PER_GPU; do
+  require_uint "${name}" "${!name}"
+done
+for name in GRPO_EPS_CLIP GRPO_EPS_CLIP_HIGH GRPO_KL_LOSS_COEF GRPO_ENTROPY_COEF GRPO_LR GRPO_TEMPERATURE \
+  GRPO_SGLANG_MEM_FRACTION; do
+  require_number "${name}" "${!name}"
+done
+require_choice GRPO_KL_LOSS_TYPE "${GRPO_KL_LOSS_TYPE}" k1 k2 k3 low_var_kl
+SAMPLES=$((GRPO_ROLLOUT_BATCH_SIZE * GRPO_N_SAMPLES))
+((SAMPLES % GRPO_GLOBAL_BATCH_SIZE == 0)) ||
+  die "GRPO_GLOBAL_BATCH_SIZE=${GRPO_GLOBAL_BATCH_SIZE} must divide the ${SAMPLES} samples of a rollout"
+DP=$((NUM_POLICY_GPUS / TRAIN_TP))
+((GRPO_GLOBAL_BATCH_SIZE % DP == 0)) ||
+  die "GRPO_GLOBAL_BATCH_SIZE=${GRPO_GLOBAL_BATCH_SIZE} is not a multiple of the data-parallel size ${DP}"
+require_file "${GRPO_PROMPT_DATA}" "GRPO task index (python -m tau2_rl_pipeline.tasks)"
+require_dir "${GRPO_INIT_DIR}" "initial torch_dist checkpoint (scripts/train_rft.sh)"
+require_file "${BASE_HF_DIR}/config.json" "base model (scripts/download.sh)"
+require_dir "${SLIME_DIR}" "slime (SLIME_DIR)"
+require_user_sim
+note "layout ${TAU2_GPU_LAYOUT}: policy on GPUs ${POLICY_GPUS} (TP${TRAIN_TP} x DP${DP}), user simulator on ${USER_SIM_GPUS}"
+
+# --hf-checkpoint gives SGLang its tokenizer and first weights; slime pushes the Megatron weights to the engines
+# before the first rollout, so the base model's directory serves every GRPO start point.
+mapfile -t CKPT_ARGS < <(checkpoint_flags "${GRPO_INIT_DIR}" "${GRPO_CKPT_DIR}")
+CKPT_ARGS=(
+  --hf-checkpoint "${BASE_HF_DIR}"
+  --ref-load "${GRPO_INIT_DIR}"
+  "${CKPT_ARGS[@]}"
+  --save-interval "${GRPO_SAVE_INTERVAL}"
+)
+
+# Rows {"input": label, "metadata": {domain, split, task_id, task_index}}: the rollout builds the real prompt (the
+# episode's system prompt, tools, conversation) from the metadata, so no --apply-chat-template here.
+ROLLOUT_ARGS=(
+  --prompt-data "${GRPO_PROMPT_DATA}"
+  --input-key input
+  --metadata-key metadata
+  --rollout-shuffle
+  --num-rollout "${GRPO_NUM_ROLLOUT}"
+  --rollout-batch-size "${GRPO_ROLLOUT_BATCH_SIZE}"
+  --n-samples-per-prompt "${GRPO_N_SAMPLES}"
+  --rollout-max-response-len "${GRPO_MAX_RESPONSE_LEN}"
+  --rollout-temperature "${GRPO_TEMPERATURE}"
+  --global-batch-size "${GRPO_GLOBAL_BATCH_SIZE}"
+  --loss-mask-type "${LOSS_MASK_TYPE}"
+)
+
+GRPO_ARGS=(
+  --advantage-estimator grpo
+  --use-kl-loss
+  --kl-loss-coef "${GRPO_KL_LOSS_COEF}"
+  --kl-loss-type "${GRPO_KL_LOSS_TYPE}"
+  --entropy-coef "${GRPO_ENTROPY_COEF}"
+  --eps-clip "${GRPO_EPS_CLIP}"
+  --eps-clip-high "${GRPO_EPS_CLIP_HIGH}"
+)
+
+OPTIMIZER_ARGS=(
+  --optimizer adam
+  --lr "${GRPO_LR}"
+  --lr-decay-style constant
+  --weight-decay 0.1
+  --adam-beta1 0.9
+  --adam-beta2 0.98
+)
+
+SGLANG_ARGS=(
+  --rollout-num-gpus-per-engine 1
+  --sglang-mem-fraction-static "${GRPO_SGLANG_MEM_FRACTION}"
+)
+
+CUSTOM_ARGS=(
+  --custom-generate-function-path tau2_rl_pipeline.slime_adapter.generate
+  --custom-reward-post-process-path tau2_rl_pipeline.slime_adapter.reward_post_process
+)
+if [[ "${FILTER_ZERO_STD}" == 1 ]]; then
+  CUSTOM_ARGS+=(--dynamic-sampling-filter-path tau2_rl_pipeline.slime_adapter.filter_zero_std_groups)
+fi
+
+mapfile -t PERF_ARGS < <(perf_flags "${GRPO_MAX_TOKENS_PER_GPU}")
+mapfile -t MISC_ARGS < <(misc_flags)
+mapfile -t WANDB_ARGS < <(wandb_flags "${GRPO_WANDB_GROUP}")
+mapfile -t EXTRA_ARGS < <(extra_flags)
+
+ray_start_head
+ray_submit train.py \
+  --actor-num-nodes 1 \
+  --actor-num-gpus-per-node "${NUM_POLICY_GPUS}" \
+  --colocate \
+  "${MODEL_ARGS[@]}" \
+  "${CKPT_ARGS[@]}" \
+  "${ROLLOUT_ARGS[@]}" \
+  "${GRPO_ARGS[@]}" \
+  "${OPTIMIZER_ARGS[@]}" \
+  "${SGLANG_ARGS[@]}" \
+  "${PERF_ARGS[@]}" \
+  "${MISC_ARGS[@]}" \
+  "${CUSTOM_ARGS[@]}" \
+  "${WANDB_ARGS[@]}" \
+  "${EXTRA_ARGS[@]}"

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Stage: rejection-sampling fine-tuning, i.e. SFT from the base model again, on the seed data plus the successful
+# trajectories scripts/generate_rft.sh sampled from the SFT model (the original's "SFT1"). It is train_sft.sh with
+# RFT's data, starting point and checkpoint directory; every SFT_* setting of train_sft.sh applies.
+#
+#   bash scripts/train_rft.sh                 # ${RFT_DATA} -> ${RFT_CKPT_DIR}
+#   DRY_RUN=1 bash scripts/train_rft.sh       # print the commands instead
+set -euo pipefail
+# shellcheck source-path=SCRIPTDIR source=common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+
+export SFT_DATA="${RFT_DATA}"
+export SFT_INIT_DIR="${RFT_INIT_DIR:-${BASE_TORCH_DIST_DIR}}"
+export SFT_SAVE_DIR="${RFT_CKPT_DIR}"
+export SFT_WANDB_GROUP="${RFT_WANDB_GROUP:-rft-qwen3-4b}"
+exec bash "${SCRIPTS_DIR}/train_sft.sh"

@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# Stage: supervised fine-tuning on tau2 conversations with tools (slime's train_async.py, training only).
+#
+#   bash scripts/train_sft.sh                 # seed data -> ${SFT_CKPT_DIR}
+#   DRY_RUN=1 bash scripts/train_sft.sh       # print the commands instead
+#
+# Rows are {"messages": [...], "tools": [...]}; slime's SFT rollout builds tokens and the loss mask from them with
+# the chat template itself (no --apply-chat-template: on slime main it turns the prompt into a string and drops the
+# tools). Starts from SFT_INIT_DIR's weights at step 0; resumes if SFT_SAVE_DIR already holds a checkpoint.
+set -euo pipefail
+# shellcheck source-path=SCRIPTDIR source=common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+source_model_args
+
+SFT_DATA="${SFT_DATA:-${SEED_DATA}}"
+SFT_INIT_DIR="${SFT_INIT_DIR:-${BASE_TORCH_DIST_DIR}}"
+SFT_SAVE_DIR="${SFT_SAVE_DIR:-${SFT_CKPT_DIR}}"
+SFT_WANDB_GROUP="${SFT_WANDB_GROUP:-sft-qwen3-4b}"
+# The original cookbook's settings: 2 epochs, batch 16, lr 1e-5 cosine to 1e-6 after 5% warmup.
+SFT_EPOCHS="${SFT_EPOCHS:-2}"
+SFT_BATCH_SIZE="${SFT_BATCH_SIZE:-16}"
+SFT_LR="${SFT_LR:-1e-5}"
+SFT_MIN_LR="${SFT_MIN_LR:-1e-6}"
+SFT_WARMUP_FRACTION="${SFT_WARMUP_FRACTION:-0.05}"
+SFT_WEIGHT_DECAY="${SFT_WEIGHT_DECAY:-0.01}"
+SFT_SAVE_INTERVAL="${SFT_SAVE_INTERVAL:-50}"
+SFT_MAX_TOKENS_PER_GPU="${SFT_MAX_TOKENS_PER_GPU:-12288}"
+
+for name in SFT_EPOCHS SFT_BATCH_SIZE SFT_SAVE_INTERVAL SFT_MAX_TOKENS_PER_GPU; do require_uint "${name}" "${!name}"; done
+for name in SFT_LR SFT_MIN_LR SFT_WARMUP_FRACTION SFT_WEIGHT_DECAY; do require_number "${name}" "${!name}"; done
+DP=$((NUM_POLICY_GPUS / TRAIN_TP))
+((SFT_BATCH_SIZE % DP == 0)) || die "SFT_BATCH_SIZE=${SFT_BATCH_SIZE} is not a multiple of the data-parallel size ${DP}"
+require_file "${SFT_DATA}" "SFT data (scripts/download.sh, or generate_rft.sh for RFT)"
+require_dir "${SFT_INIT_DIR}" "initial torch_dist checkpoint (scripts/convert_hf_to_megatron.sh)"
+require_file "${BASE_HF_DIR}/config.json" "base model (scripts/download.sh)"
+require_dir "${SLIME_DIR}" "slime (SLIME_DIR)"
+note "layout ${TAU2_GPU_LAYOUT}: training on GPUs ${POLICY_GPUS} (TP${TRAIN_TP} x DP${DP})"
+
+mapfile -t CKPT_ARGS < <(checkpoint_flags "${SFT_INIT_DIR}" "${SFT_SAVE_DIR}")
+CKPT_ARGS=(
+  --hf-checkpoint "${BASE_HF_DIR}"
+  "${CKPT_ARGS[@]}"
+  --save-interval "${SFT_SAVE_INTERVAL}"
+)
+
+SFT_ARGS=(
+  --rollout-function-path slime.rollout.sft_rollout.generate_rollout
+  --prompt-data "${SFT_DATA}"
+  --input-key messages
+  --tool-key tools
+  --loss-mask-type "${LOSS_MASK_TYPE}"
+  --rollout-shuffle
+  --num-epoch "${SFT_EPOCHS}"
+  --rollout-batch-size "${SFT_BATCH_SIZE}"
+  --global-batch-size "${SFT_BATCH_SIZE}"
+  --loss-type sft_loss
+  --calculate-per-token-loss
+  --disable-compute-advantages-and-returns
+  --debug-train-only
+)
+
+OPTIMIZER_ARGS=(
+  --optimizer adam
+  --lr "${SFT_LR}"
+  --lr-decay-style cosine
+  --min-lr "${SFT_MIN_LR}"
+  --lr-warmup-fraction "${SFT_WARMUP_FRACTION}"
+  --weight-decay "${SFT_WEIGHT_DECAY}"
+  --adam-beta1 0.9
+  --adam-beta2 0.98
+)
+
+mapfile -t PERF_ARGS < <(perf_flags "${SFT_MAX_TOKENS_PER_GPU}")
+mapfile -t MISC_ARGS < <(misc_flags)
+mapfile -t WANDB_ARGS < <(wandb_flags "${SFT_WANDB_GROUP}")
+mapfile -t EXTRA_ARGS < <(extra_flags)
+
+ray_start_head
+ray_submit train_async.py \
+  --actor-num-nodes 1 \
+  --actor-num-gpus-per-node "${NUM_POLICY_GPUS}" \
+  "${MODEL_ARGS[@]}" \
+  "${CKPT_ARGS[@]}" \
+  "${SFT_ARGS[@]}" \
+  "${OPTIMIZER_ARGS[@]}" \
+  "${PERF_ARGS[@]}" \
+  "${MISC_ARGS[@]}" \
+  "${WANDB_ARGS[@]}" \
+  "${EXTRA_ARGS[@]}"

