@@ -12,11 +12,12 @@ an error observation and are never executed.
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from copy import deepcopy
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Collection, Sequence
 
 import gymnasium as gym
 from pydantic import ValidationError
@@ -39,7 +40,10 @@ from tau2.user.user_simulator import UserSimulator
 from tau2.utils.utils import get_now
 
 from tau2_rl_pipeline.actions import ParsedAction, parse_completion
+from tau2_rl_pipeline.fast_env import fast_domain, fast_environment
 from tau2_rl_pipeline.prompting import agent_system_prompt, to_agent_chat, tool_schemas
+
+log = logging.getLogger(__name__)
 
 AGENT_STOP_TOKEN = "###STOP###"
 INVALID_TOOL_CALL = "invalid_tool_call"  # the name a malformed completion is recorded under (never a real tool)
@@ -49,8 +53,9 @@ class UserSideError(RuntimeError):
     """The user simulator failed (its LLM server, its API key): an infrastructure failure, not the policy's."""
 
 
-def build_environment(domain: str) -> Environment:
-    return registry.get_env_constructor(domain)()
+def build_environment(domain: str, fast: bool = False) -> Environment:
+    """tau2's environment for `domain`; `fast`: one sharing the domain's once-parsed database (see fast_env)."""
+    return fast_environment(domain) if fast else registry.get_env_constructor(domain)()
 
 
 @dataclass
@@ -79,13 +84,15 @@ class Episode:
         max_steps: int = 200,
         max_errors: int = 10,
         environment: Environment | None = None,
+        fast: bool = False,
     ):
         self.domain = domain
+        self.fast = fast  # cheap environments for this episode and its evaluation (fast_env); same rewards
         self.task = task
         self.user = user
         self.max_steps = max_steps
         self.max_errors = max_errors
-        self.env = environment if environment is not None else build_environment(domain)
+        self.env = environment if environment is not None else build_environment(domain, fast)
         self.agent_tool_names = frozenset(self.env.tools.get_tools()) if self.env.tools else frozenset()
         self.user_tool_names = frozenset(self.env.user_tools.get_tools()) if self.env.user_tools else frozenset()
         self.policy = self.env.get_policy()
@@ -292,33 +299,51 @@ class Episode:
             messages=self.evaluated_messages(),
         )
 
+    @property
+    def refused_call_ids(self) -> frozenset[str]:
+        """Ids of the calls this episode refused (never executed): see `without_refused_calls`."""
+        return frozenset(self._refused_ids)
+
     def evaluated_messages(self) -> list[Message]:
-        """The trajectory without refused calls and their error results.
+        return without_refused_calls(self.messages, self._refused_ids)
 
-        tau2's evaluator replays every tool call of the trajectory on a fresh environment and requires each
-        result to equal the recorded one; a call this episode refused never ran, so it has nothing to replay
-        (and it cannot have changed the state it would be compared on).
+    def evaluate(self, termination_reason: TerminationReason | None = None, *, native: bool = False) -> RewardInfo:
+        """tau2's own evaluation (EvaluationType.ALL); episodes not ended by agent or user stop score 0, as in tau2.
+
+        A fast episode's evaluation runs on fast_env's environments unless `native` asks for tau2's own.
         """
-        if not self._refused_ids:
-            return list(self.messages)
-        kept: list[Message] = []
-        for msg in self.messages:
-            if isinstance(msg, ToolMessage) and msg.id in self._refused_ids:
-                continue
-            if isinstance(msg, (AssistantMessage, UserMessage)) and msg.tool_calls:
-                calls = [c for c in msg.tool_calls if c.id not in self._refused_ids]
-                if len(calls) != len(msg.tool_calls):
-                    if not calls and not msg.content:
-                        continue
-                    msg = msg.model_copy(update={"tool_calls": calls or None})
-            kept.append(msg)
-        return kept
+        domain = fast_domain(self.domain) if self.fast and not native else self.domain
+        try:
+            return evaluate_simulation(
+                self.simulation_run(termination_reason), self.task, EvaluationType.ALL, solo_mode=False, domain=domain)
+        except Exception as e:  # noqa: BLE001 - tau2's own checks raise on states they did not foresee
+            # e.g. mock's env assertion raises "Task task_2 not found" when the agent never created task_2: the
+            # episode's outcome, not infrastructure. Scored 0 with the reason kept, never silently.
+            log.warning("tau2's evaluator raised on task %s: %s: %s", self.task.id, type(e).__name__, e)
+            return RewardInfo(reward=0.0, info={"evaluation_error": f"{type(e).__name__}: {e}"})
 
-    def evaluate(self, termination_reason: TerminationReason | None = None) -> RewardInfo:
-        """tau2's own evaluation (EvaluationType.ALL); episodes not ended by agent or user stop score 0, as in tau2."""
-        return evaluate_simulation(
-            self.simulation_run(termination_reason), self.task, EvaluationType.ALL,
-            solo_mode=False, domain=self.domain)
+
+def without_refused_calls(messages: Sequence[Message], refused_ids: Collection[str]) -> list[Message]:
+    """The trajectory without refused calls and their error results: the evaluator's view of it.
+
+    tau2's evaluator replays every tool call of the trajectory on a fresh environment and requires each
+    result to equal the recorded one; a refused call never ran, so it has nothing to replay (and it cannot
+    have changed the state it would be compared on).
+    """
+    if not refused_ids:
+        return list(messages)
+    kept: list[Message] = []
+    for msg in messages:
+        if isinstance(msg, ToolMessage) and msg.id in refused_ids:
+            continue
+        if isinstance(msg, (AssistantMessage, UserMessage)) and msg.tool_calls:
+            calls = [c for c in msg.tool_calls if c.id not in refused_ids]
+            if len(calls) != len(msg.tool_calls):
+                if not calls and not msg.content:
+                    continue
+                msg = msg.model_copy(update={"tool_calls": calls or None})
+        kept.append(msg)
+    return kept
 
 
 def _user_visible(msg: Message) -> bool:

@@ -59,6 +59,7 @@ class Trajectory:
     refused_calls: int = 0
     unknown_tool_calls: int = 0
     user_tool_calls_by_agent: int = 0
+    refused_call_ids: list[str] = field(default_factory=list)  # never executed: left out of tau2's replay
 
     @property
     def response_length(self) -> int:
@@ -182,4 +183,5 @@ async def run_episode(
         refused_calls=episode.refused_calls,
         unknown_tool_calls=episode.unknown_tool_calls,
         user_tool_calls_by_agent=episode.user_tool_calls_by_agent,
+        refused_call_ids=sorted(episode.refused_call_ids),
     )

@@ -156,3 +156,12 @@ def test_gym_env_runs_an_episode():
     assert "tool:" in obs and not terminated and reward == 0.0
     obs, reward, terminated, truncated, info = env.step("Done, the task is created.")
     assert terminated and reward == 1.0 and info["termination_reason"] == "user_stop"
+
+
+def test_an_evaluator_exception_on_the_episodes_outcome_scores_zero_with_the_reason_kept():
+    task = get_task("mock", "create_task_1_with_env_assertions")  # asserts on task_2, which the agent never made
+    ep = Episode("mock", task, ScriptedUser(task))
+    ep.start()
+    ep.act("Goodbye.")
+    info = ep.evaluate()
+    assert info.reward == 0.0 and info.info["evaluation_error"] == "ValueError: Task task_2 not found"
