@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Sourced by test.sh and demo.sh: creates the virtual environment if missing and installs the pinned
+# dependencies (requirements.lock: exact versions, CPU torch on a CPU machine) and this package.
+# TAU2_VENV picks the environment's directory (default .venv in the repository).
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "${ROOT}" || exit 1
+PYTHON="${PYTHON:-python3}"
+VENV="${TAU2_VENV:-${ROOT}/.venv}"
+if [[ ! -x "${VENV}/bin/python" ]]; then
+  "${PYTHON}" -m venv "${VENV}"
+fi
+# shellcheck disable=SC1091
+source "${VENV}/bin/activate"
+python -m pip install -q --upgrade pip >/dev/null
+python -m pip install -q -r requirements.lock
+python -m pip install -q --no-deps -e ".[local,test]"
+export LITELLM_LOCAL_MODEL_COST_MAP=True
+export HF_HUB_OFFLINE=1
+export TOKENIZERS_PARALLELISM=false
