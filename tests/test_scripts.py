@@ -293,6 +293,7 @@ def test_stages_hand_their_outputs_to_the_next_stage(dry_dir: Path) -> None:
     rft_train = sft_flags(dry_dir, "train_rft.sh")
     assert flags(rft_cmd)["--out"] == rft_train["--prompt-data"]
     assert flags(rft_cmd)["--merge-with"] == sft_flags(dry_dir)["--prompt-data"]
+    assert flags(rft_cmd)["--hf-checkpoint"].endswith("models/sft_hf")  # what the policy server serves
     assert rft_train["--save"] == grpo_flags(dry_dir)["--load"]
     assert rft_train["--load"] == sft_flags(dry_dir)["--load"]  # RFT trains from the base model again
     tasks = command_with(cached_dry("pipeline.sh", dry_dir), "tau2_rl_pipeline.tasks")
