@@ -93,11 +93,14 @@ class Episode:
         self.max_steps = max_steps
         self.max_errors = max_errors
         self.env = environment if environment is not None else build_environment(domain, fast)
-        self.agent_tool_names = frozenset(self.env.tools.get_tools()) if self.env.tools else frozenset()
-        self.user_tool_names = frozenset(self.env.user_tools.get_tools()) if self.env.user_tools else frozenset()
+        # tau2 rebuilds every tool's pydantic model on each get_tools() call (~50 ms in telecom): once per episode
+        self._agent_tools = self.env.tools.get_tools() if self.env.tools else {}
+        self._user_tools = self.env.user_tools.get_tools() if self.env.user_tools else {}
+        self.agent_tool_names = frozenset(self._agent_tools)
+        self.user_tool_names = frozenset(self._user_tools)
         self.policy = self.env.get_policy()
         self.system_prompt = agent_system_prompt(self.policy)
-        self.tools = tool_schemas(self.env.get_tools())
+        self.tools = tool_schemas(self._agent_tools.values())
         self.messages: list[Message] = []
         self.step_count = 0
         self.num_errors = 0
@@ -228,8 +231,7 @@ class Episode:
         return ToolCall(id=f"call_{self._call_seq}", name=name, arguments=arguments, requestor=requestor)
 
     def _execute(self, call: ToolCall) -> ToolMessage:
-        allowed = self.agent_tool_names if call.requestor == "assistant" else self.user_tool_names
-        refusal = _refusal(call, allowed, self.env)
+        refusal = _refusal(call, self._agent_tools if call.requestor == "assistant" else self._user_tools)
         if refusal is not None:
             self.refused_calls += 1
             self._refused_ids.add(call.id)
@@ -354,13 +356,12 @@ def _user_visible(msg: Message) -> bool:
     return isinstance(msg, UserMessage)
 
 
-def _refusal(call: ToolCall, allowed: frozenset[str], env: Environment) -> str | None:
+def _refusal(call: ToolCall, tools: dict[str, Any]) -> str | None:
     """Why a call must not run, or None: unknown names and arguments that don't fit the tool's schema."""
-    if call.name not in allowed:
+    if call.name not in tools:
         who = "agent" if call.requestor == "assistant" else "user"
-        return f"Error: unknown tool {call.name!r} for the {who}. Available tools: {', '.join(sorted(allowed))}"
-    toolkit = env.tools if call.requestor == "assistant" else env.user_tools
-    tool = toolkit.get_tools()[call.name]
+        return f"Error: unknown tool {call.name!r} for the {who}. Available tools: {', '.join(sorted(tools))}"
+    tool = tools[call.name]
     if not isinstance(call.arguments, dict):
         return f"Error: arguments of {call.name} must be a JSON object"
     unknown = set(call.arguments) - set(tool.params.model_fields)
