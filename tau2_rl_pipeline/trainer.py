@@ -87,7 +87,9 @@ def sft_example_from_chat(tokenizer: Any, chat: list[dict], tools: list[dict] | 
     that slime also trains on that newline, which the policy never samples (rollouts stop at <|im_end|>).
     Each span is tokenized on its own, exactly as a rollout keeps its books (prompt encoded once, sampled turns
     as sampled, observations as template deltas), so SFT trains on the token sequences GRPO sees.
-    Trailing observations after the last assistant turn are dropped: nothing after them is a target.
+    Trailing observations after the last assistant turn are dropped: nothing after them is a target. An
+    assistant message with `"step_loss_mask": 0` (slime's per-message switch; sft_data marks the fixed greeting
+    and rejected completions so) stays in the context and is not a target.
     """
     from tau2_rl_pipeline.prompting import render  # imports tau2 and litellm (seconds): only this needs them
 
@@ -96,23 +98,25 @@ def sft_example_from_chat(tokenizer: Any, chat: list[dict], tools: list[dict] | 
         raise ValueError("the tokenizer has no eos_token to end assistant turns with")
     full = render(tokenizer, chat, tools, add_generation_prompt=False)
     bounds = [0]
+    trainable: list[int] = []
     for k, message in enumerate(chat):
         if message.get("role") != "assistant":
             continue
+        trainable.append(1 if message.get("step_loss_mask", 1) else 0)
         head = render(tokenizer, chat[:k], tools, add_generation_prompt=True)
         upto = render(tokenizer, chat[:k + 1], tools, add_generation_prompt=False)
         stop = upto.rfind(end)
         if not (full.startswith(upto) and upto.startswith(head) and stop >= len(head)):
             raise ValueError(f"the chat template does not render turn {k} as a prefix of the whole chat")
         bounds += [len(head), stop + len(end)]
-    if len(bounds) == 1:
-        raise ValueError("the chat has no assistant turn: nothing to learn from")
+    if not any(trainable):
+        raise ValueError("the chat has no trainable assistant turn: nothing to learn from")
     ids: list[int] = []
     mask: list[int] = []
     for i in range(len(bounds) - 1):
         piece = tokenizer.encode(full[bounds[i]:bounds[i + 1]], add_special_tokens=False)
         ids += piece
-        mask += [i % 2] * len(piece)  # odd segments are assistant turns
+        mask += [trainable[i // 2] if i % 2 else 0] * len(piece)  # odd segments are assistant turns
     return TrainExample(input_ids=ids, loss_mask=mask)
 
 

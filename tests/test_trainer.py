@@ -220,8 +220,22 @@ def test_sft_example_mask_is_exactly_the_assistant_turns_with_their_end_token(qw
 
 
 def test_sft_example_rejects_a_chat_without_assistant_turns(small_tokenizer):
-    with pytest.raises(ValueError, match="no assistant turn"):
+    with pytest.raises(ValueError, match="no trainable assistant turn"):
         sft_example_from_chat(small_tokenizer, [{"role": "user", "content": "hi"}])
+
+
+def test_step_loss_mask_zero_keeps_a_turn_as_context_only(small_tokenizer):
+    chat = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Hello there", "step_loss_mask": 0},
+            {"role": "user", "content": "book it"}, {"role": "assistant", "content": "Booked."}]
+    masked = sft_example_from_chat(small_tokenizer, chat)
+    plain = sft_example_from_chat(small_tokenizer, [{k: v for k, v in m.items() if k != "step_loss_mask"}
+                                                    for m in chat])
+    assert masked.input_ids == plain.input_ids
+    targets = small_tokenizer.decode([t for t, m in zip(masked.input_ids, masked.loss_mask) if m])
+    assert targets == "Booked.<|im_end|>"
+    assert plain.num_targets > masked.num_targets
+    with pytest.raises(ValueError, match="no trainable assistant turn"):
+        sft_example_from_chat(small_tokenizer, chat[:2])
 
 
 def test_example_from_trajectory_aligns_the_response_books_after_the_prompt():
