@@ -532,6 +532,11 @@ def test_unreachable_servers_stop_a_real_run(tmp_path: Path, live_server: str) -
     seed = tmp_path / "out/data/sft_seed.jsonl"
     seed.parent.mkdir(parents=True)
     seed.write_text("{}\n")
+    served = tmp_path / "out/models/sft_hf/config.json"
+    missing = run_script("generate_rft.sh", tmp_path, dry=False)
+    assert missing.rc == 1 and "the served policy checkpoint (RFT_HF_CHECKPOINT) not found" in missing.stderr
+    served.parent.mkdir(parents=True)
+    served.write_text("{}")
     dead = f"http://127.0.0.1:{free_port()}"
     down = run_script("generate_rft.sh", tmp_path, dry=False, RFT_POLICY_URL=dead)
     assert down.rc == 1 and f"policy server (scripts/start_policy_server.sh) not reachable at {dead}/health" in down.stderr
