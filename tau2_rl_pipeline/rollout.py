@@ -81,6 +81,11 @@ def observation_template(tokenizer) -> ObservationTemplate:
     return ObservationTemplate(tokenizer)
 
 
+def turn_seed(seed: int | None, turn: int) -> int | None:
+    """Each turn its own sampling seed: one seed reused every turn would restart the same random stream each time."""
+    return None if seed is None else (seed * 1_000_003 + turn) % (1 << 31)
+
+
 def _encode_prompt(tokenizer, chat: list[dict], tools: list[dict]) -> list[int]:
     return tokenizer.encode(render(tokenizer, chat, tools, add_generation_prompt=True), add_special_tokens=False)
 
@@ -133,8 +138,8 @@ async def run_episode(
                 status, reason = TRUNCATED, ("max_turns" if turns >= cfg.max_turns else "max_context_len")
                 break
             t0 = time.perf_counter()
-            result = await engine.generate(buf.all_ids(), replace(sampling, max_new_tokens=min(
-                sampling.max_new_tokens, room)))
+            result = await engine.generate(buf.all_ids(), replace(
+                sampling, max_new_tokens=min(sampling.max_new_tokens, room), seed=turn_seed(sampling.seed, turns)))
             clock.add("generate_s", time.perf_counter() - t0)
             turns += 1
             buf.add_policy(result.output_ids, result.output_logprobs)

@@ -208,3 +208,11 @@ def test_many_episodes_in_flight_on_one_loop(loopback, small_tokenizer, n):
     assert [t.task_id for t in trajs] == [t.id for t in tasks]
     assert all(t.status in (COMPLETED, TRUNCATED) for t in trajs)
     assert loopback.max_concurrent <= 4
+
+
+def test_each_turn_samples_with_its_own_seed(loopback, small_tokenizer):
+    task = get_task("mock", "create_task_1")
+    loopback.script(*[_canonical(small_tokenizer, "<tool_call>{bad</tool_call>")] * 3)
+    _loopback_run(loopback, small_tokenizer, task, replace(CFG, max_turns=3), seed=7)
+    seeds = [body["sampling_params"].get("sampling_seed") for path, body in loopback.requests if path == "/generate"]
+    assert len(seeds) == 3 and len(set(seeds)) == 3 and None not in seeds
