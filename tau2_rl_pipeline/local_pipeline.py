@@ -159,6 +159,7 @@ def grpo_stage(args, start: Path, dest: Path, out: Path, cfg: Tau2Config, split:
                                            args.seed * 1000 + step * 100))
         rollout_s = time.perf_counter() - t0
         samples = [fill_sample(LocalSample(), t, cfg, trainer.tokenizer) for t in trajs]
+        zero_before = tracker.zero_signal_groups
         raw, advantages = post_process(samples, args.grpo_n, cfg, tracker)
         examples = [examples_from_trajectory(t.prompt_ids, t.response_ids, t.loss_mask, t.rollout_logprobs, a)
                     for t, s, a in zip(trajs, samples, advantages) if not s.remove_sample and a != 0.0]
@@ -166,14 +167,17 @@ def grpo_stage(args, start: Path, dest: Path, out: Path, cfg: Tau2Config, split:
                   "raw_reward_mean": sum(raw) / len(raw),
                   "shaped_reward_mean": sum(s.reward for s in samples) / len(samples),
                   "success_rate": sum(r == 1.0 for r in raw) / len(raw),
+                  "groups": len(batch), "groups_without_signal": tracker.zero_signal_groups - zero_before,
                   "trained_sequences": len(examples), "rollout_s": rollout_s}
-        if examples:
+        if examples:  # every group all-equal (all solved or all failed): GRPO has nothing to learn from
             trainer.model.train()
-            record.update({k: v for k, v in trainer.grpo_step(examples).items() if isinstance(v, (int, float))})
+            update = trainer.grpo_step(examples)
+            record.update({f"train_{k}": v for k, v in update.items() if isinstance(v, (int, float))})
         tracker.save(tracker_path)
         history.append(record)
         console.print(f"grpo step {step + 1}/{args.grpo_steps}: reward {record['raw_reward_mean']:.3f} "
-                      f"(shaped {record['shaped_reward_mean']:.3f}), trained on {len(examples)} sequences")
+                      f"(shaped {record['shaped_reward_mean']:.3f}), {record['groups_without_signal']}/{len(batch)} "
+                      f"groups without signal, trained on {len(examples)} sequences")
     trainer.save(dest)
     trainer.close()
     (out / "grpo_history.json").write_text(json.dumps(history, indent=1))
@@ -274,7 +278,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--eval-samples", type=int, default=4, help="episodes per task at evaluation (k <= this)")
     g.add_argument("--eval-temperature", type=float, default=0.7)
     g = p.add_argument_group("SFT and RFT")
-    g.add_argument("--sft-epochs", type=int, default=60)
+    g.add_argument("--sft-epochs", type=int, default=40)
     g.add_argument("--sft-lr", type=float, default=3e-3)
     g.add_argument("--micro-batch-size", type=int, default=4)
     g.add_argument("--rft-samples", type=int, default=4, help="episodes per training task sampled for RFT")
@@ -282,8 +286,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--rft-epochs", type=int, default=10)
     g.add_argument("--rft-lr", type=float, default=1e-3)
     g = p.add_argument_group("GRPO")
-    g.add_argument("--grpo-steps", type=int, default=4)
-    g.add_argument("--grpo-tasks-per-step", type=int, default=4)
+    g.add_argument("--grpo-steps", type=int, default=6)
+    g.add_argument("--grpo-tasks-per-step", type=int, default=3)
     g.add_argument("--grpo-n", type=int, default=4, help="samples per task (the GRPO group)")
     g.add_argument("--grpo-lr", type=float, default=1e-4)
     g.add_argument("--grpo-temperature", type=float, default=1.0)
@@ -361,6 +365,9 @@ def main(argv: list[str] | None = None) -> int:
     report["charts"] = [str(p) for p in write_charts(report, out)]
     save()
     print_stage_table(report)
+    base_p1, sft_p1 = (report["stages"][s]["pass@1"]["value"] for s in ("base", "sft"))
+    print(f"SFT pass@1 {sft_p1:.3f} vs untrained pass@1 {base_p1:.3f}: SFT is "
+          f"{'above' if sft_p1 > base_p1 else 'NOT above'} the untrained model")
     print(f"report {report_path}\ncharts {', '.join(report['charts'])}")
     return 0
 
