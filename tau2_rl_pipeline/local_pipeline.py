@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import subprocess
 import sys
@@ -38,6 +39,7 @@ from tau2_rl_pipeline.users import ScriptedUser
 
 ROOT = Path(__file__).resolve().parents[1]
 STAGES = ("base", "sft", "rft", "grpo")
+DEMO_MAX_TURNS = 8  # unless --max-turns or TAU2_MAX_TURNS say otherwise: mock tasks take 2-3 policy turns
 console = Console(stderr=True)
 
 
@@ -300,6 +302,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.max_turns is None and "TAU2_MAX_TURNS" not in os.environ:
+        args.max_turns = DEMO_MAX_TURNS
     cfg = config_from_args(args)
     split = args.split or ("base" if args.domain == "mock" else "train")
     eval_split = args.eval_split or ("base" if args.domain == "mock" else "test")
