@@ -73,7 +73,10 @@ class CopyOnReadTable(dict):
         return value
 
     def get(self, key: str, default: Any = None) -> Any:
-        return self[key] if key in self else default
+        try:
+            return self[key]
+        except KeyError:
+            return default
 
     def pop(self, key: str, *default: Any) -> Any:
         if key in self:
@@ -110,7 +113,8 @@ class _SharedTable:
 
     def _piece(self, key: str, record: BaseModel) -> bytes:
         # tau2.utils.get_dict_hash: json.dumps(..., sort_keys=True, default=str), whose dict items are these
-        return f"{json.dumps(key)}: {json.dumps(self._adapter.dump_python(record), sort_keys=True, default=str)}".encode()
+        value = json.dumps(self._adapter.dump_python(record), sort_keys=True, default=str)
+        return f"{json.dumps(key)}: {value}".encode()
 
     def intact(self) -> bool:
         """Whether every shared record still dumps to the JSON cached when it was parsed."""
@@ -144,7 +148,7 @@ def _record_types(db_type: type[DB]) -> dict[str, type[BaseModel]] | None:
     types = {}
     for name, field in db_type.model_fields.items():
         origin, args = typing.get_origin(field.annotation), typing.get_args(field.annotation)
-        if origin is not dict or args[0] is not str or not (isinstance(args[1], type) and issubclass(args[1], BaseModel)):
+        if not (origin is dict and args[0] is str and isinstance(args[1], type) and issubclass(args[1], BaseModel)):
             return None
         types[name] = args[1]
     return types
@@ -157,9 +161,11 @@ class _SharedDB:
         self.db = db
         types = _record_types(type(db)) or {}
         self.tables = {name: _SharedTable(getattr(db, name), types[name]) for name in sorted(types)}
+        self._pickled = None
         if self.tables and self.hash(self.fresh()) != get_dict_hash(db.model_dump()):
             self.tables = {}  # a dump this composition does not reproduce: copy the DB whole, hash it as tau2 does
-        self._pickled = None if self.tables else pickle.dumps(db, protocol=pickle.HIGHEST_PROTOCOL)
+        if not self.tables:
+            self._pickled = pickle.dumps(db, protocol=pickle.HIGHEST_PROTOCOL)
 
     def fresh(self) -> DB:
         """A database of its own for one environment, equal to the parsed one."""
