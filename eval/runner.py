@@ -82,7 +82,7 @@ async def run_episodes(pending: Sequence[tuple[str, Any, int]], *, engine: Any, 
             ep_seed = episode_seed(seed, domain, task.id, sample)
             started, t0 = get_now(), time.perf_counter()
             try:
-                environment = await loop.run_in_executor(executor, build_environment, domain)
+                environment = await loop.run_in_executor(executor, build_environment, domain, cfg.fast_env)
                 traj = await run_episode(domain, task, engine, tokenizer, user_factory(task, environment),
                                          replace(sampling, seed=ep_seed), cfg, environment=environment,
                                          executor=executor)

@@ -47,6 +47,9 @@ class Tau2Config:
         "policy turns (generate calls) per episode before it ends as truncated", min_value=1))
     max_context_len: int = field(default=32768, metadata=_meta(
         "prompt + response tokens per episode; longer ends the episode as truncated", min_value=16))
+    fast_env: bool = field(default=True, metadata=_meta(
+        "cheap tau2 environments (databases parsed once, copy-on-read records, cached hashes) for episodes and "
+        "their evaluation; rewards identical to tau2's native path (bench/env_cost.py); off = tau2's own"))
     episode_workers: int = field(default=64, metadata=_meta(
         "threads for blocking episode work (tau2 tools, user-simulator calls, evaluation) shared by all "
         "episodes in flight in one process", min_value=1))

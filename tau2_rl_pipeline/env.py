@@ -386,11 +386,12 @@ class Tau2GymEnv(gym.Env):
     metadata = {"render_modes": []}
 
     def __init__(self, domain: str, tasks: Sequence[Task], user_factory: Callable[[Task, Environment], BaseUser],
-                 *, max_steps: int = 200, max_errors: int = 10, max_turns: int = 30):
+                 *, max_steps: int = 200, max_errors: int = 10, max_turns: int = 30, fast: bool = True):
         self.domain = domain
         self.tasks = list(tasks)
         self.user_factory = user_factory
         self.max_steps, self.max_errors, self.max_turns = max_steps, max_errors, max_turns
+        self.fast = fast
         self.observation_space = gym.spaces.Text(max_length=1 << 20)
         self.action_space = gym.spaces.Text(max_length=1 << 20)
         self.episode: Episode | None = None
@@ -405,9 +406,10 @@ class Tau2GymEnv(gym.Env):
                 raise ValueError(f"unknown task id {options['task_id']!r} for {self.domain}")
         else:
             task = self.tasks[int(self.np_random.integers(len(self.tasks)))]
-        environment = build_environment(self.domain)
+        environment = build_environment(self.domain, self.fast)
         self.episode = Episode(self.domain, task, self.user_factory(task, environment),
-                               max_steps=self.max_steps, max_errors=self.max_errors, environment=environment)
+                               max_steps=self.max_steps, max_errors=self.max_errors, environment=environment,
+                               fast=self.fast)
         self._turns = 0
         view = self.episode.start()
         info = {"task_id": task.id, "system_prompt": self.episode.system_prompt, "tools": self.episode.tools}

@@ -39,10 +39,11 @@ def last_write_index(domain: str, task: Task) -> int | None:
     return last
 
 
-def replay_episode(domain: str, task: Task, *, keep: Callable[[int, Action], bool] | None = None) -> Episode:
+def replay_episode(domain: str, task: Task, *, keep: Callable[[int, Action], bool] | None = None,
+                   fast: bool = False) -> Episode:
     """Replay the gold actions (agent ones as agent tool calls, user ones as user tool calls), then the final
-    agent message, on a fresh episode that ends with an agent stop."""
-    episode = Episode(domain, task, user=None)
+    agent message, on a fresh episode that ends with an agent stop (`fast`: on fast_env's environments)."""
+    episode = Episode(domain, task, user=None, fast=fast)
     episode.start()
     for i, action in enumerate(gold_actions(task)):
         if keep is not None and not keep(i, action):
@@ -54,8 +55,9 @@ def replay_episode(domain: str, task: Task, *, keep: Callable[[int, Action], boo
     return episode
 
 
-def replay_gold_actions(domain: str, task: Task, *, keep: Callable[[int, Action], bool] | None = None) -> RewardInfo:
-    return replay_episode(domain, task, keep=keep).evaluate()
+def replay_gold_actions(domain: str, task: Task, *, keep: Callable[[int, Action], bool] | None = None,
+                        fast: bool = False) -> RewardInfo:
+    return replay_episode(domain, task, keep=keep, fast=fast).evaluate()
 
 
 def main(argv: list[str] | None = None) -> int:

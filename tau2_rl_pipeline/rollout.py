@@ -124,7 +124,8 @@ async def run_episode(
 
     template = observation_template(tokenizer)
     episode = await blocking("env_s", lambda: Episode(domain, task, user, max_steps=cfg.max_steps,
-                                                       max_errors=cfg.max_errors, environment=environment))
+                                                       max_errors=cfg.max_errors, environment=environment,
+                                                       fast=cfg.fast_env))
     system = {"role": "system", "content": episode.system_prompt}
     buf = TokenBuffer(prompt_ids=[])
     status, reason, error, turns = COMPLETED, None, None, 0

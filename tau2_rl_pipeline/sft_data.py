@@ -430,9 +430,10 @@ def demo_turns(task: Task) -> list[str]:
     return turns
 
 
-def play_turns(domain: str, task: Task, turns: list[str]) -> Episode:
-    """Play agent completions against the scripted user (it performs the device steps it is asked for)."""
-    episode = Episode(domain, task, ScriptedUser(task))
+def play_turns(domain: str, task: Task, turns: list[str], fast: bool = True) -> Episode:
+    """Play agent completions against the scripted user (it performs the device steps it is asked for), on
+    fast_env's environments unless `fast` is off (the same rewards: tests/test_fast_env.py)."""
+    episode = Episode(domain, task, ScriptedUser(task), fast=fast)
     episode.start()
     for text in turns:
         if episode.done:

@@ -117,7 +117,7 @@ async def generate(args, sample, sampling_params: dict[str, Any], evaluation: bo
     tokenizer = _tokenizer(args.hf_checkpoint)
     engine = _engine(args.sglang_router_ip, int(args.sglang_router_port),
                      int(getattr(args, "sglang_server_concurrency", None) or 512))
-    environment = build_environment(domain)
+    environment = build_environment(domain, cfg.fast_env)
     user = _user_factory(cfg)(task, environment)
     traj = await run_episode(domain, task, engine, tokenizer, user, sampling_from_slime(sampling_params, tokenizer),
                              cfg, environment=environment)

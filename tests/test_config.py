@@ -119,3 +119,10 @@ def test_cli_values_are_validated_too():
         _parse(["--curriculum-hard-threshold", "0.9"], {})
     with pytest.raises(ConfigError, match="^TAU2_PARTIAL_WEIGHTS="):
         _parse(["--partial-weights", "1,2"], {})
+
+
+def test_readme_documents_every_variable_with_its_default():
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    for f in fields(Tau2Config):
+        default = ",".join(map(str, f.default)) if isinstance(f.default, tuple) else str(f.default)
+        assert f"| `{env_var(f.name)}` | `{default}` |" in readme, env_var(f.name)

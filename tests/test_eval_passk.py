@@ -25,6 +25,8 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+
+from tau2_rl_pipeline.rollout import turn_seed
 from tau2.data_model.simulation import Results
 from tau2.metrics.agent_metrics import compute_metrics
 
@@ -214,8 +216,10 @@ def test_sigkill_then_resume_equals_an_uninterrupted_run(tiny_engine, tiny_small
         assert all(p["max_new_tokens"] <= 12 and p["stop_token_ids"] == stops for p in params)
         records = read_episodes(outputs(full, ["mock"])["episodes"])
         assert all(r["seed"] == episode_seed(7, *k) for k, r in records.items())
-        # every request carries its episode's seed (episodes the user ends before the agent speaks send none)
-        assert {p["sampling_seed"] for p in params} == {r["seed"] for r in records.values() if r["turns"]}
+        # every request carries a seed derived from its episode's and its turn (episodes the user ends before the
+        # agent speaks send none)
+        assert {p["sampling_seed"] for p in params} == {
+            turn_seed(r["seed"], t) for r in records.values() for t in range(r["turns"])}
 
         killed = tmp_path / "killed" / "run.json"
         episodes = outputs(killed, ["mock"])["episodes"]
@@ -249,16 +253,16 @@ def test_sigkill_then_resume_equals_an_uninterrupted_run(tiny_engine, tiny_small
 
 class ScriptedPolicy:
     """The engine contract, scripted: first turn a malformed tool call (a parse error the episode refuses), then
-    a goodbye with ###STOP### on even seeds or a reply cut at max_new_tokens on odd ones."""
+    a goodbye with ###STOP### when that turn's seed is even, or a reply cut at max_new_tokens when it is odd."""
+
+    BAD_CALL = '<tool_call>{"name": "create_task", "arguments": </tool_call>'
 
     def __init__(self, tokenizer) -> None:
         self.tokenizer = tokenizer
-        self.turns: dict[int, int] = {}
 
     async def generate(self, input_ids, sampling):
-        turn = self.turns[sampling.seed] = self.turns.get(sampling.seed, 0) + 1
-        if turn == 1:
-            text, finish = '<tool_call>{"name": "create_task", "arguments": </tool_call>', "stop"
+        if self.BAD_CALL not in self.tokenizer.decode(input_ids):
+            text, finish = self.BAD_CALL, "stop"
         elif sampling.seed % 2 == 0:
             text, finish = "Thank you, goodbye. ###STOP###", "stop"
         else:
@@ -283,7 +287,8 @@ def test_tau2_metrics_and_rescoring_agree_with_ours(small_tokenizer) -> None:
     wins = [r for r in records if r["reward"] == 1.0]
     assert wins and len(wins) < len(records) and mock["metrics"]["pass^1"]["value"] > 0
     # tau2's evaluator raises on this task when the agent stops without creating a task: scored 0, reason kept
-    broken = [r for r in records if r["task_id"] == "create_task_1_with_env_assertions" and r["seed"] % 2 == 0]
+    broken = [r for r in records
+              if r["task_id"] == "create_task_1_with_env_assertions" and r["termination_reason"] == "agent_stop"]
     assert broken and all(r["status"] == "completed" and r["reward"] == 0.0
                           and "Task task_2 not found" in r["reward_info"]["info"]["evaluation_error"] for r in broken)
     assert mock["aborted_episodes"] == 0

@@ -216,3 +216,18 @@ def test_each_turn_samples_with_its_own_seed(loopback, small_tokenizer):
     _loopback_run(loopback, small_tokenizer, task, replace(CFG, max_turns=3), seed=7)
     seeds = [body["sampling_params"].get("sampling_seed") for path, body in loopback.requests if path == "/generate"]
     assert len(seeds) == 3 and len(set(seeds)) == 3 and None not in seeds
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_fast_env_setting_picks_the_environments_and_keeps_the_reward(qwen3_tokenizer, monkeypatch, fast):
+    import tau2_rl_pipeline.env as env_module
+
+    built = []
+    real = env_module.build_environment
+    monkeypatch.setattr(env_module, "build_environment", lambda d, f=False: built.append(f) or real(d, f))
+    task = get_task("mock", "create_task_1")
+    (action,) = gold_actions(task)
+    engine = ChosenTextEngine(qwen3_tokenizer, [render_assistant_text("", [(action.name, action.arguments)]),
+                                                final_message(task)])
+    traj = _run("mock", task, engine, qwen3_tokenizer, Tau2Config.from_env({"TAU2_FAST_ENV": str(fast)}))
+    assert built == [fast] and traj.reward == 1.0
