@@ -211,12 +211,8 @@ def write_charts(report: dict, out: Path) -> list[Path]:
         ax.plot(steps, [h["shaped_reward_mean"] for h in history], marker="s", label="shaped reward")
         ax.set_xlabel("GRPO step")
         ax.set_ylabel("mean reward over the step's episodes")
-        ax.set_title(f"GRPO on {report['domain']} (scripted user: plumbing check)")
-        ax.legend()
-        fig.tight_layout()
-        paths.append(out / "grpo_reward.png")
-        fig.savefig(paths[-1], dpi=120)
-        plt.close(fig)
+        paths.append(_finish(fig, ax, f"GRPO on {report['domain']} (scripted user: plumbing check)",
+                             out / "grpo_reward.png"))
     stages = [s for s in STAGES if s in report["stages"]]
     if stages:
         k = report["stages"][stages[0]]["k"]
@@ -233,13 +229,20 @@ def write_charts(report: dict, out: Path) -> list[Path]:
         ax.set_xticks([i + width * (len(names) - 1) / 2 for i in range(len(stages))], labels)
         ax.set_ylim(0, 1.05)
         ax.set_ylabel("rate (95% bootstrap CI over tasks)")
-        ax.set_title(f"{report['domain']}: each stage's checkpoint (scripted user, not a tau2 score)")
-        ax.legend()
-        fig.tight_layout()
-        paths.append(out / "stages_passk.png")
-        fig.savefig(paths[-1], dpi=120)
-        plt.close(fig)
+        paths.append(_finish(fig, ax, f"{report['domain']}: each stage's checkpoint (scripted user, not a tau2 score)",
+                             out / "stages_passk.png"))
     return paths
+
+
+def _finish(fig, ax, title: str, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    ax.set_title(title)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
 
 
 def print_stage_table(report: dict) -> None:
@@ -331,10 +334,14 @@ def main(argv: list[str] | None = None) -> int:
     base = prepare_model(args, out)
     checkpoints = {"base": base, "sft": out / "sft", "rft": out / "rft", "grpo": out / "grpo" / "model"}
 
-    if "base" not in report["stages"]:
-        report["stages"]["base"] = stage_numbers(
-            evaluate_stage(args, base, out, "base", args.eval_samples, args.eval_temperature, eval_split), args.domain)
-        save()
+    def evaluated(stage: str) -> None:
+        if stage not in report["stages"]:
+            summary = evaluate_stage(args, checkpoints[stage], out, stage, args.eval_samples, args.eval_temperature,
+                                     eval_split)
+            report["stages"][stage] = stage_numbers(summary, args.domain)
+            save()
+
+    evaluated("base")
     demos = None
     if not checkpoints["sft"].exists():
         console.rule("SFT on oracle demonstrations")
@@ -342,10 +349,7 @@ def main(argv: list[str] | None = None) -> int:
         report["sft"] = {**sft_stage(args, base, demos, checkpoints["sft"], out, args.sft_lr, args.sft_epochs),
                          "demonstrations": len(demos)}
         save()
-    if "sft" not in report["stages"]:
-        report["stages"]["sft"] = stage_numbers(evaluate_stage(
-            args, checkpoints["sft"], out, "sft", args.eval_samples, args.eval_temperature, eval_split), args.domain)
-        save()
+    evaluated("sft")
     if not checkpoints["rft"].exists():
         console.rule("RFT: sample, keep successes, fine-tune")
         rows, stats = rft_stage(args, checkpoints["sft"], out, split)
@@ -354,18 +358,12 @@ def main(argv: list[str] | None = None) -> int:
         report["rft"] = {**stats, **sft_stage(args, checkpoints["sft"], merged, checkpoints["rft"], out,
                                               args.rft_lr, args.rft_epochs)}
         save()
-    if "rft" not in report["stages"]:
-        report["stages"]["rft"] = stage_numbers(evaluate_stage(
-            args, checkpoints["rft"], out, "rft", args.eval_samples, args.eval_temperature, eval_split), args.domain)
-        save()
+    evaluated("rft")
     if not checkpoints["grpo"].exists():
         console.rule("GRPO")
         report["grpo"] = {"history": grpo_stage(args, checkpoints["rft"], checkpoints["grpo"], out, cfg, split)}
         save()
-    if "grpo" not in report["stages"]:
-        report["stages"]["grpo"] = stage_numbers(evaluate_stage(
-            args, checkpoints["grpo"], out, "grpo", args.eval_samples, args.eval_temperature, eval_split), args.domain)
-        save()
+    evaluated("grpo")
     report["charts"] = [str(p) for p in write_charts(report, out)]
     save()
     print_stage_table(report)
