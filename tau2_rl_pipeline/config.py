@@ -38,6 +38,11 @@ class Tau2Config:
         "API base of the user simulator, e.g. http://127.0.0.1:30001/v1; empty = the provider default"))
     user_temperature: float = field(default=0.0, metadata=_meta(
         "sampling temperature of the user simulator", min_value=0.0, max_value=2.0))
+    user_max_retries: int = field(default=4, metadata=_meta(
+        "litellm retries of a failed user-simulator call (errors, malformed answers, timeouts) before the episode "
+        "ends aborted", min_value=0))
+    user_timeout_s: float = field(default=120.0, metadata=_meta(
+        "seconds one user-simulator call may take before it is retried", min_value=0.1))
     # -- episode ----------------------------------------------------------------------------------
     max_steps: int = field(default=200, metadata=_meta(
         "tau2's max_steps: orchestrator steps before the episode ends as max_steps", min_value=1))

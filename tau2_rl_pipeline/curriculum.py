@@ -12,7 +12,6 @@ import contextlib
 import json
 import os
 import random
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -103,12 +102,13 @@ class CurriculumTracker:
 
     def save(self, path: str | os.PathLike) -> None:
         """Write the counts atomically: a temp file in the same directory, fsync, os.replace, fsync the
-        directory. Readers see the old file or the new one, never a torn one."""
+        directory. Readers see the old file or the new one, never a torn one. The temp file has a fixed name
+        (one writer per state file), so a save killed midway leaves at most one behind, overwritten next time."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        tmp = path.with_name(f".{path.name}.tmp")
         try:
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            with open(tmp, "w", encoding="utf-8") as fh:
                 json.dump(self.to_dict(), fh, indent=1)
                 fh.flush()
                 os.fsync(fh.fileno())

@@ -226,7 +226,8 @@ class SGLangEngine:
             logger.warning("SGLang /generate attempt %d/%d at %s failed: %s", attempt + 1, attempts, self.url,
                            last_error)
         raise EngineError(f"SGLang /generate at {self.url} failed after {attempts} attempts; last error: "
-                          f"{last_error}", url=self.url, attempts=attempts)
+                          f"{last_error}; is the server up (scripts/start_policy_server.sh) and --sglang-url right?",
+                          url=self.url, attempts=attempts)
 
     async def aclose(self) -> None:
         """Close the HTTP client if this engine created it (a client passed in belongs to the caller)."""
@@ -335,6 +336,10 @@ class TransformersEngine:
                         seed: int | None = None) -> TransformersEngine:
         """Load a HF model directory (weights + tokenizer); dtype None keeps the checkpoint's dtype."""
         from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        if not (Path(path) / "config.json").is_file():  # else transformers would take it for a hub repo id
+            raise FileNotFoundError(f"{path}: no config.json there; expected a Hugging Face model directory "
+                                    "(weights + tokenizer)")
 
         model = AutoModelForCausalLM.from_pretrained(str(path), dtype=_as_dtype(dtype) or "auto")
         return cls(model, AutoTokenizer.from_pretrained(str(path)), device=device, seed=seed)

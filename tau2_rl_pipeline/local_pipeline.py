@@ -33,7 +33,7 @@ from tau2_rl_pipeline.rft import select_rft
 from tau2_rl_pipeline.rollout import run_episode
 from tau2_rl_pipeline.sft_data import oracle_demonstrations
 from tau2_rl_pipeline.slime_adapter import fill_sample
-from tau2_rl_pipeline.tasks import DOMAINS, check_split, load_tasks
+from tau2_rl_pipeline.tasks import DOMAINS, TaskLookupError, check_split, load_tasks
 from tau2_rl_pipeline.trainer import LocalTrainer, TrainConfig, examples_from_trajectory, sft_example_from_chat
 from tau2_rl_pipeline.users import ScriptedUser
 
@@ -310,8 +310,16 @@ def main(argv: list[str] | None = None) -> int:
     cfg = config_from_args(args)
     split = args.split or ("base" if args.domain == "mock" else "train")
     eval_split = args.eval_split or ("base" if args.domain == "mock" else "test")
-    check_split(args.domain, split)
-    check_split(args.domain, eval_split)
+    try:
+        check_split(args.domain, split)
+        check_split(args.domain, eval_split)
+    except TaskLookupError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.model and not (Path(args.model) / "config.json").is_file():
+        print(f"error: --model {args.model}: no config.json there; give a Hugging Face model directory, or leave "
+              "--model out to build the tiny demo model", file=sys.stderr)
+        return 2
     out = args.out
     out.mkdir(parents=True, exist_ok=True)
     report_path = out / "report.json"

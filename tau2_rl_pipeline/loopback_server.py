@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import json
 import random
+import sys
 import threading
 import time
 import uuid
@@ -355,9 +356,13 @@ def main(argv: list[str] | None = None) -> None:
                         help="chat completion length when a request sets no max_tokens")
     parser.add_argument("--seed", type=int, default=None, help="sampling seed of the engine (default: random)")
     args = parser.parse_args(argv)
-    server = LoopbackServer.from_model_dir(
-        args.model, seed=args.seed, model_name=args.model_name or Path(args.model).name, port=args.port,
-        latency_s=args.latency_s, default_max_tokens=args.default_max_tokens)
+    try:
+        server = LoopbackServer.from_model_dir(
+            args.model, seed=args.seed, model_name=args.model_name or Path(args.model).name, port=args.port,
+            latency_s=args.latency_s, default_max_tokens=args.default_max_tokens)
+    except FileNotFoundError as e:
+        print(f"error: --model {e}", file=sys.stderr)
+        raise SystemExit(2) from None
     with server:
         print(f"serving {args.model} at {server.base_url} (Ctrl-C to stop)", flush=True)
         with contextlib.suppress(KeyboardInterrupt):

@@ -191,7 +191,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if episodes is None:
             code, episodes = sample_episodes(args, passthrough)
             if code != 0:
-                print(f"error: sampling failed (eval_passk exit {code}); see its messages above", file=sys.stderr)
+                if code != 2:  # exit 2 is a setup error the evaluator already explained in one line
+                    print(f"error: sampling failed (eval_passk exit {code}); see its messages above", file=sys.stderr)
                 return code
         records = list(read_episodes(episodes).values())
         if args.episodes is None:  # the resumable episode file may also hold an earlier run's other domains

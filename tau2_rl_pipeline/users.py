@@ -102,7 +102,8 @@ def _mentions(action_name: str, text: str) -> bool:
 
 def llm_user_args(cfg: Tau2Config) -> dict:
     """litellm arguments for tau2's UserSimulator; no secret is ever placed here (litellm reads keys from env)."""
-    args: dict = {"temperature": cfg.user_temperature}
+    args: dict = {"temperature": cfg.user_temperature, "num_retries": cfg.user_max_retries,
+                  "timeout": cfg.user_timeout_s}
     if cfg.user_api_base:
         args["api_base"] = cfg.user_api_base
         # A local SGLang server takes any key; litellm's openai/ route insists on one being present.

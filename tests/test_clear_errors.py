@@ -39,7 +39,6 @@ def one_line(proc: subprocess.CompletedProcess) -> str:
     return lines[0]
 
 
-TRACEBACK = "a traceback instead of one line: "
 
 
 @pytest.mark.parametrize("args,expected", [
@@ -48,21 +47,14 @@ TRACEBACK = "a traceback instead of one line: "
     (["-m", "tau2_rl_pipeline.oracle", "--domain", "nope"], ["unknown domain 'nope'", "valid domains:"]),
     (["-m", "tau2_rl_pipeline.rft", "--episodes", "missing.jsonl", "--out", "rows.jsonl"],
      ["missing.jsonl", "No such file"]),
-    pytest.param(["-m", "tau2_rl_pipeline.local_pipeline", "--split", "nope", "--out", "demo"],
-                 ["unknown split 'nope'", "valid splits: base"], marks=pytest.mark.xfail(strict=True, reason=(
-                     TRACEBACK + "local_pipeline.main lets check_split's TaskLookupError escape"))),
-    pytest.param(["-m", "tau2_rl_pipeline.local_pipeline", "--model", "no/such/model", "--out", "demo"],
-                 ["no/such/model"], marks=pytest.mark.xfail(strict=True, reason=(
-                     TRACEBACK + "local_pipeline lets the evaluator subprocess's CalledProcessError escape"))),
-    pytest.param(["-m", "tau2_rl_pipeline.loopback_server", "--model", "no/such/model", "--port", "0"],
-                 ["no/such/model", "config.json"], marks=pytest.mark.xfail(strict=True, reason=(
-                     TRACEBACK + "TransformersEngine.from_pretrained hands transformers a missing directory, "
-                     "which reads it as a hub repo id"))),
-    pytest.param(["-m", "tau2_rl_pipeline.rft", "--sglang-url", "http://127.0.0.1:9", "--domains", "mock",
-                  "--task-split", "base", "--num-samples", "1", "--out", "rows.jsonl", "--hf-checkpoint", "."],
-                 ["OPENAI_API_KEY", "TAU2_USER_API_BASE", "--user scripted"], marks=pytest.mark.xfail(
-                     strict=True, reason="two lines: rft adds 'sampling failed (eval_passk exit 2)' to the "
-                                         "evaluator's own one-line error")),
+    (["-m", "tau2_rl_pipeline.local_pipeline", "--split", "nope", "--out", "demo"],
+     ["unknown split 'nope'", "valid splits: base"]),
+    (["-m", "tau2_rl_pipeline.local_pipeline", "--model", "no/such/model", "--out", "demo"], ["no/such/model"]),
+    (["-m", "tau2_rl_pipeline.loopback_server", "--model", "no/such/model", "--port", "0"],
+     ["no/such/model", "config.json"]),
+    (["-m", "tau2_rl_pipeline.rft", "--sglang-url", "http://127.0.0.1:9", "--domains", "mock", "--task-split", "base",
+      "--num-samples", "1", "--out", "rows.jsonl", "--hf-checkpoint", "."],
+     ["OPENAI_API_KEY", "TAU2_USER_API_BASE", "--user scripted"]),
 ])
 def test_bad_input_to_an_entry_point_is_one_line_and_a_non_zero_exit(args: list[str], expected: list[str],
                                                                     tmp_path: Path) -> None:
@@ -105,7 +97,6 @@ def test_an_unreachable_policy_server_is_named_in_one_line() -> None:
     assert "\n" not in message and "http://127.0.0.1:9/generate" in message and "2 attempts" in message
 
 
-@pytest.mark.xfail(strict=True, reason="EngineError names the URL and the last error but not what to do")
 def test_an_unreachable_policy_server_error_says_what_to_do() -> None:
     message = _unreachable_error()
     assert "scripts/start_policy_server.sh" in message or "--sglang-url" in message

@@ -160,14 +160,7 @@ def test_user_simulator_faults_end_each_episode_completed_or_aborted_unscored(se
     assert all(t.error.startswith("user simulator failed:") for t in trajectories if t.status == ABORTED)
 
 
-NOT_RETRIED_YET = pytest.mark.xfail(strict=True, reason=(
-    "users.llm_user_args passes litellm no num_retries and no timeout: a malformed answer aborts at once and a hung "
-    "server is waited on (litellm's default timeout is 600 s). Fix: Tau2Config.user_max_retries/user_timeout_s "
-    "passed as litellm num_retries/timeout"))
-
-
-@pytest.mark.parametrize("kind", [pytest.param(k, marks=NOT_RETRIED_YET) if k in ("malformed", "slow") else k
-                                  for k in faults.FAULT_KINDS])
+@pytest.mark.parametrize("kind", faults.FAULT_KINDS)
 def test_the_user_simulator_retries_through_each_fault(server: LoopbackServer, policy_server: LoopbackServer,
                                                        kind: str) -> None:
     """Two failures in a row of the user simulator's first call are retried; the episode goes on."""
@@ -379,8 +372,6 @@ def test_curriculum_state_killed_20_times_resumes_to_an_uninterrupted_run(killed
     assert CurriculumTracker.load(path, Tau2Config()).to_dict() == _curriculum_reference().to_dict()
 
 
-@pytest.mark.xfail(strict=False, reason="CurriculumTracker.save writes a new mkstemp name each time: every kill "
-                                       "mid-save leaves one more .curriculum_state.json.*.tmp behind")
 def test_killed_curriculum_saves_leave_at_most_one_temp_file(killed_curriculum) -> None:
     path, _ = killed_curriculum
     assert len(list(path.parent.glob(f".{path.name}*.tmp"))) <= 1
