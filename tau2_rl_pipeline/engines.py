@@ -82,7 +82,10 @@ def check_input_ids(input_ids: list[int], vocab_size: int | None = None) -> None
     """One-line ValueError for a prompt no engine can serve (empty, not ints, outside the vocabulary)."""
     if not isinstance(input_ids, list) or not input_ids:
         raise ValueError("input_ids must be a non-empty list of token ids")
-    if not all(isinstance(t, int) and not isinstance(t, bool) for t in input_ids):
+    # Checked on every turn's whole prompt on the event loop: the C-level type scan covers the usual all-int case
+    # (3-5x faster than the per-element test, bench/README.md P2); only other lists take the per-element test.
+    if not set(map(type, input_ids)) <= {int} and not all(
+            isinstance(t, int) and not isinstance(t, bool) for t in input_ids):
         raise ValueError("input_ids must hold ints only")
     if vocab_size is not None:
         bad = [t for t in input_ids if not 0 <= t < vocab_size]

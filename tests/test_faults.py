@@ -103,7 +103,8 @@ def test_each_fault_reaches_the_client_as_that_failure(server: LoopbackServer, k
         else:
             with pytest.raises(expected):
                 client.post(proxy.base_url + "/generate", json=body)
-        assert client.post(proxy.base_url + "/generate", json=body).json()["meta_info"]["completion_tokens"] == 2
+        # the next request goes through (1 or 2 tokens: the shared engine may sample its end-of-turn token first)
+        assert client.post(proxy.base_url + "/generate", json=body).json()["meta_info"]["completion_tokens"] in (1, 2)
         assert proxy.injected == {kind: 1}
 
 

@@ -129,7 +129,8 @@ def test_the_evaluator_writes_no_key_in_any_output(tiny_small_dir: Path, tiny_en
     """The Pass@K CLI with an LLM user whose server fails (errors recorded in the episodes): summary, episodes,
     tau2 results, chart, stdout and stderr all scanned."""
     out = tmp_path / "eval"
-    env = {**os.environ, **PLANTED, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
+    # no user-simulator retries, so the user server's failures end episodes and their messages are recorded
+    env = {**os.environ, **PLANTED, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "TAU2_USER_MAX_RETRIES": "0"}
     with LoopbackServer(tiny_engine) as policy, LoopbackServer(tiny_engine, default_max_tokens=8) as user_server, \
             faults.FaultProxy(user_server, rate=0.3, seed=6, kinds=[k for k in faults.FAULT_KINDS if k != "slow"]) \
             as proxy:

@@ -1,0 +1,383 @@
+"""Issue 9, P2: rollout harness efficiency. Many tau2 episodes in flight against an engine that only waits.
+
+    .venv/bin/python bench/harness.py                      # as shipped: 1024 mock episodes, 256 in flight, 200 ms
+    .venv/bin/python bench/harness.py --client aiohttp --gc-freeze --domain airline --latency 2.0
+    .venv/bin/python bench/harness.py --profile            # + bench/profiles/harness_<variant>.txt (pyinstrument)
+
+Variants, to measure fixes without editing the project: `--client aiohttp` gives the engine an httpx client over
+aiohttp's connection pool (`AiohttpTransport`); `--gc-freeze` moves every object alive after the warm-up out of
+the cyclic GC's passes; `--workers` sets episode_workers; `--native-env` turns fast_env off.
+
+The engine is `CannedSGLang`, a process of its own speaking SGLang's native `/generate` contract on 127.0.0.1:
+each request sleeps `--latency` seconds, then answers with fixed canonical Qwen3 token ids (log-probs a constant
+-0.1): on the agent's first `--tool-turns` turns a valid read-only tool call of the domain, then a closing text
+reply, after which the scripted user ends the episode. It costs next to no CPU, and none in the harness's
+process, so what is measured is the harness: `run_episode` with `SGLangEngine(max_in_flight=concurrency)`, tau2
+environments and evaluation, tokenization, the scripted user. (The loopback server's scripted mode scores every
+reply with a real model, teacher-forced: real CPU work in the measured process, and one queue of replies for all
+episodes instead of one per episode's turn.)
+
+Ideal wall time = generate calls x latency / concurrency: an engine-bound run. Efficiency = ideal / achieved.
+A heartbeat task sleeps 10 ms in a loop; how late it wakes is how long the event loop was stalled.
+Exits 0 and prints a markdown table. --profile needs pyinstrument (a bench extra, not a runtime dependency).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import itertools
+import json
+import logging
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable as a script from anywhere
+
+import httpx  # noqa: E402
+
+from tau2_rl_pipeline.actions import render_assistant_text  # noqa: E402
+
+PROFILES = Path(__file__).resolve().parent / "profiles"
+QWEN3 = Path(os.environ.get("TAU2_QWEN3_TOKENIZER", Path(__file__).resolve().parents[2] / "shared/tokenizers/qwen3"))
+HEARTBEAT_S = 0.010
+SHOWN = r".*(httpcore/_async/connection_pool|tau2_rl_pipeline/|bench/).*"  # library frames shown in profiles
+LOGPROB = -0.1  # constant log-prob of every canned token: the harness never reads it beyond the books
+# A read-only tool of each domain that succeeds whatever the task, so every episode does the same work.
+TOOL = {"mock": ("get_users", {}), "airline": ("list_all_airports", {}), "retail": ("list_all_product_types", {})}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The canned engine (its own process)
+
+
+def canned_replies(tokenizer, domain: str, tool_turns: int) -> list[list[int]]:
+    """Canonical token ids of the agent's replies, turn by turn; each ends with <|im_end|> as a sampled turn does."""
+    name, args = TOOL[domain]
+    texts = [render_assistant_text("Let me look that up.", [(name, args)])] * tool_turns
+    texts.append("Thank you, everything is taken care of. Is there anything else?")
+    return [tokenizer.encode(t + tokenizer.eos_token, add_special_tokens=False) for t in texts]
+
+
+def _response_body(ids: list[int], text: str, eos_id: int) -> bytes:
+    """An SGLang `/generate` answer for a stop at <|im_end|> with log-probs returned (no_stop_trim: text kept)."""
+    return json.dumps({"text": text, "output_ids": ids, "meta_info": {
+        "id": "canned", "finish_reason": {"type": "stop", "matched": eos_id}, "completion_tokens": len(ids),
+        "output_token_logprobs": [[LOGPROB, t, None] for t in ids]}}).encode()
+
+
+def assistant_turns(input_ids: list[int], im_start: int, assistant: int) -> int:
+    """How many `<|im_start|>assistant` headers a prompt holds: the last one is the turn being asked for."""
+    n, i = 0, -1
+    try:
+        while True:
+            i = input_ids.index(im_start, i + 1)
+            n += i + 1 < len(input_ids) and input_ids[i + 1] == assistant
+    except ValueError:
+        return n
+
+
+def serve(spec_path: str) -> None:
+    """Run the canned engine until stdin closes; prints its port first."""
+    from aiohttp import web
+
+    spec = json.loads(Path(spec_path).read_text())
+    bodies = [_response_body(ids, text, spec["eos_id"]) for ids, text in zip(spec["replies"], spec["texts"])]
+    latency, im_start, assistant = spec["latency_s"], spec["im_start"], spec["assistant"]
+    calls = [0]
+
+    async def generate(request: web.Request) -> web.Response:
+        body = await request.json()
+        turn = assistant_turns(body["input_ids"], im_start, assistant)
+        calls[0] += 1
+        await asyncio.sleep(latency)
+        # tau2 opens every conversation with the agent's greeting: the first header is not a policy turn
+        return web.Response(body=bodies[min(max(turn - 1, 1), len(bodies)) - 1], content_type="application/json")
+
+    async def count(request: web.Request) -> web.Response:
+        return web.json_response({"calls": calls[0]})
+
+    async def main() -> None:
+        app = web.Application(client_max_size=256 * 1024 * 1024)
+        app.router.add_post("/generate", generate)
+        app.router.add_get("/calls", count)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0, backlog=4096).start()
+        print(runner.addresses[0][1], flush=True)
+        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)  # parent gone or done
+
+    asyncio.run(main())
+
+
+class CannedSGLang:
+    """The canned engine as a child process; `base_url` while inside `with`."""
+
+    def __init__(self, tokenizer, domain: str, tool_turns: int, latency_s: float, spec_dir: Path):
+        replies = canned_replies(tokenizer, domain, tool_turns)
+        self.spec = spec_dir / "canned_sglang.json"
+        self.spec.write_text(json.dumps({
+            "replies": replies, "texts": [tokenizer.decode(r, skip_special_tokens=False) for r in replies],
+            "latency_s": latency_s, "eos_id": tokenizer.eos_token_id,
+            "im_start": tokenizer.convert_tokens_to_ids("<|im_start|>"),
+            "assistant": tokenizer.encode("assistant", add_special_tokens=False)[0]}))
+        self.proc: subprocess.Popen | None = None
+        self.base_url = ""
+
+    def __enter__(self) -> CannedSGLang:
+        self.proc = subprocess.Popen([sys.executable, __file__, "--serve", str(self.spec)], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True)
+        self.base_url = f"http://127.0.0.1:{int(self.proc.stdout.readline())}"
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(timeout=10)
+
+    def calls(self) -> int:
+        return httpx.get(self.base_url + "/calls").json()["calls"]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The harness under test
+
+
+class AiohttpTransport(httpx.AsyncBaseTransport):
+    """An httpx transport over one aiohttp session, to hand `SGLangEngine(client=...)`: the same engine code with
+    aiohttp's connection pool under it instead of httpcore's, whose bookkeeping scans every pooled connection on
+    each request event (quadratic in the pool size; encode/httpx#3215, encode/httpcore#1035)."""
+
+    def __init__(self, limit: int):
+        self._limit = limit
+        self._session = None
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        import aiohttp
+
+        if self._session is None:  # created on the loop that uses it
+            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=self._limit))
+        try:
+            async with self._session.request(request.method, str(request.url), data=request.content,
+                                             headers=dict(request.headers)) as r:
+                return httpx.Response(r.status, headers=list(r.headers.items()), content=await r.read())
+        except aiohttp.ClientError as exc:  # retried by the engine like any transport failure
+            raise httpx.TransportError(str(exc)) from exc
+
+    async def aclose(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+
+class Heartbeat:
+    """Sleeps `period` in a loop on the event loop; each wake-up's lateness is one stall sample."""
+
+    def __init__(self, period: float = HEARTBEAT_S):
+        self.period = period
+        self.late: list[float] = []
+        self._task: asyncio.Task | None = None
+
+    async def _beat(self) -> None:
+        while True:
+            t0 = time.perf_counter()
+            await asyncio.sleep(self.period)
+            self.late.append(time.perf_counter() - t0 - self.period)
+
+    def __enter__(self) -> Heartbeat:
+        self._task = asyncio.get_running_loop().create_task(self._beat())
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._task.cancel()
+
+    def summary(self) -> dict[str, float]:
+        late = sorted(self.late)
+        return {"max_stall_s": late[-1], "p99_stall_s": late[int(0.99 * (len(late) - 1))],
+                "median_stall_s": statistics.median(late)}
+
+
+class GcPauses:
+    """Every cyclic-GC pass (gc.callbacks) while inside `with`, in CPU time of the thread that ran it (wall time
+    would count other threads running while finalizers release the GIL). A pass holds the GIL: it stalls the
+    event loop whichever thread triggered it."""
+
+    def __init__(self):
+        self.pauses: list[tuple[int, float, float]] = []  # (generation, wall seconds, CPU seconds of its thread)
+        self._t0 = (0.0, 0.0)
+
+    def _callback(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._t0 = (time.perf_counter(), time.thread_time())
+        else:
+            self.pauses.append((info["generation"], time.perf_counter() - self._t0[0],
+                                time.thread_time() - self._t0[1]))
+
+    def __enter__(self) -> GcPauses:
+        gc.callbacks.append(self._callback)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self._callback)
+
+    def summary(self) -> dict[str, float]:
+        full = [c for g, _, c in self.pauses if g == 2]
+        return {"gc_cpu_s": sum(c for _, _, c in self.pauses), "gc_full": len(full),
+                "gc_full_max_s": max(full, default=0.0)}
+
+
+def load_tokenizer():
+    """The real Qwen3 tokenizer; without one, a small BPE tokenizer trained on the mock domain with Qwen3's markers
+    and chat template (the benches still run; token counts and timings are then not Qwen3's)."""
+    from transformers import AutoTokenizer
+
+    if (QWEN3 / "tokenizer.json").is_file():
+        return AutoTokenizer.from_pretrained(str(QWEN3))
+    import tempfile
+
+    from tau2_rl_pipeline.tiny_model import domain_corpus, train_small_tokenizer
+
+    print(f"no Qwen3 tokenizer at {QWEN3} (set TAU2_QWEN3_TOKENIZER): using a small tokenizer trained on mock",
+          file=sys.stderr)
+    return train_small_tokenizer(domain_corpus(["mock"]), tempfile.mkdtemp(prefix="bench-tokenizer-"))
+
+
+def policy_sampling(tokenizer):
+    from tau2_rl_pipeline.engines import SamplingParams
+
+    return SamplingParams(temperature=1.0, max_new_tokens=256, stop_token_ids=(tokenizer.eos_token_id,))
+
+
+def task_list(domain: str):
+    """The domain's tasks whose conversation the policy has to carry (not ones whose history already ends it)."""
+    from tau2_rl_pipeline.tasks import load_tasks
+
+    tasks = load_tasks(domain, "base" if domain == "mock" else "test")
+    return [t for t in tasks if not (t.initial_state and t.initial_state.message_history)]
+
+
+async def run_batch(base_url: str, domain: str, tasks: list, episodes: int, concurrency: int, tokenizer,
+                    native_env: bool, client: str = "httpx", workers: int = 64) -> dict:
+    """`episodes` scripted-user episodes (tasks cycled), at most `concurrency` in flight; wall time and stalls."""
+    from tau2_rl_pipeline.config import Tau2Config
+    from tau2_rl_pipeline.engines import SGLangEngine
+    from tau2_rl_pipeline.rollout import run_episode, shared_executor
+    from tau2_rl_pipeline.users import ScriptedUser
+
+    cfg = Tau2Config.from_env({}, episode_workers=workers, fast_env=not native_env)
+    sampling = policy_sampling(tokenizer)
+    http = httpx.AsyncClient(transport=AiohttpTransport(concurrency)) if client == "aiohttp" else None
+    engine = SGLangEngine(base_url, max_in_flight=concurrency, client=http)
+    executor = shared_executor(cfg.episode_workers)
+    gate = asyncio.Semaphore(concurrency)
+
+    async def one(task):
+        async with gate:
+            return await run_episode(domain, task, engine, tokenizer, ScriptedUser(task), sampling, cfg,
+                                     executor=executor)
+
+    cpu0, t0 = time.process_time(), time.perf_counter()
+    with Heartbeat() as beat, GcPauses() as gcp:
+        trajs = await asyncio.gather(*(one(t) for t in itertools.islice(itertools.cycle(tasks), episodes)))
+    wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    await (http or engine).aclose()
+    statuses = {s: sum(t.status == s for t in trajs) for s in {t.status for t in trajs}}
+    phases = {k: statistics.mean(t.timings.get(k, 0.0) for t in trajs) for k in ("env_s", "tokenize_s", "eval_s")}
+    return {"wall_s": wall, "cpu_s": cpu, "turns": sum(t.turns for t in trajs), "statuses": statuses,
+            "phases": phases, **beat.summary(), **gcp.summary()}
+
+
+def profile_name(args: argparse.Namespace) -> str:
+    native = "_native" if args.native_env else ""
+    return f"{args.domain}{native}_{args.client}{'_gcfreeze' if args.gc_freeze else ''}_w{args.workers}"
+
+
+def bench(args: argparse.Namespace) -> dict:
+    import tempfile
+
+    tokenizer = load_tokenizer()
+    tasks = task_list(args.domain)
+    with tempfile.TemporaryDirectory() as tmp, CannedSGLang(tokenizer, args.domain, args.tool_turns, args.latency,
+                                                          Path(tmp)) as server:
+        # warm-up, untimed: imports, tau2 registry, fast_env's one parse of the databases, template caches
+        asyncio.run(run_batch(server.base_url, args.domain, tasks, min(8, args.episodes), 8, tokenizer,
+                              args.native_env, args.client, args.workers))
+        if args.gc_freeze:  # what a rollout driver would do once set up: long-lived objects out of GC passes
+            gc.collect()
+            gc.freeze()
+        calls0 = server.calls()
+        profiler = None
+        if args.profile:
+            from pyinstrument import Profiler
+
+            profiler = Profiler(interval=0.001, async_mode="disabled")  # the event loop's thread, all of it
+            profiler.start()
+        result = asyncio.run(run_batch(server.base_url, args.domain, tasks, args.episodes, args.concurrency,
+                                       tokenizer, args.native_env, args.client, args.workers))
+        if profiler is not None:
+            profiler.stop()
+            PROFILES.mkdir(exist_ok=True)
+            out = PROFILES / f"harness_{profile_name(args)}.txt"
+            out.write_text(f"# {' '.join(sys.argv)}\n\n" + profiler.output_text(
+                unicode=False, color=False, processor_options={"show_regex": SHOWN, "filter_threshold": 0.005}))
+            print(f"profile: {out}", file=sys.stderr)
+        result["calls"] = server.calls() - calls0
+    result["ideal_s"] = result["calls"] * args.latency / args.concurrency
+    result["efficiency"] = result["ideal_s"] / result["wall_s"]
+    return result
+
+
+def table(args: argparse.Namespace, r: dict) -> str:
+    env = f"{args.domain} ({'tau2 native' if args.native_env else 'fast_env'})"
+    ok = lambda good: "yes" if good else "no"  # noqa: E731
+    rows = [
+        ("episodes / concurrency / latency", f"{args.episodes} / {args.concurrency} / {args.latency * 1e3:.0f} ms"),
+        ("domain (environments) / engine HTTP client / episode_workers", f"{env} / {args.client} / {args.workers}"),
+        ("generate calls", f"{r['calls']} (episode turns {r['turns']})"),
+        ("statuses", ", ".join(f"{k} {v}" for k, v in sorted(r["statuses"].items()))),
+        ("ideal wall (calls x latency / concurrency)", f"{r['ideal_s']:.2f} s"),
+        ("achieved wall", f"{r['wall_s']:.2f} s"),
+        ("efficiency (ideal / achieved), target >= 90%", f"{r['efficiency']:.1%} ({ok(r['efficiency'] >= 0.9)})"),
+        ("episodes/s", f"{args.episodes / r['wall_s']:.1f}"),
+        ("event-loop stall max, target <= 50 ms", f"{r['max_stall_s'] * 1e3:.1f} ms ({ok(r['max_stall_s'] <= 0.05)})"),
+        ("event-loop stall p99 / median", f"{r['p99_stall_s'] * 1e3:.1f} / {r['median_stall_s'] * 1e3:.1f} ms"),
+        ("cyclic GC: full passes / longest / CPU of all passes",
+         f"{r['gc_full']} / {r['gc_full_max_s'] * 1e3:.0f} ms / {r['gc_cpu_s']:.2f} s"),
+        ("harness CPU (all threads) per episode", f"{r['cpu_s'] / args.episodes * 1e3:.1f} ms"),
+        ("per episode: env build+steps / first-prompt tokenize / evaluation (wall, incl. queueing)",
+         " / ".join(f"{r['phases'][k] * 1e3:.0f} ms" for k in ("env_s", "tokenize_s", "eval_s"))),
+    ]
+    return "\n".join(["| measure | value |", "|---|---|", *(f"| {k} | {v} |" for k, v in rows)])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--episodes", type=int, default=1024)
+    parser.add_argument("--concurrency", type=int, default=256)
+    parser.add_argument("--latency", type=float, default=0.2, help="seconds every /generate call waits")
+    parser.add_argument("--domain", default="mock", choices=sorted(TOOL))
+    parser.add_argument("--tool-turns", type=int, default=2, help="agent turns that call a tool before replying")
+    parser.add_argument("--native-env", action="store_true",
+                        help="tau2's native environments and evaluation (fast_env off, TAU2_FAST_ENV=0)")
+    parser.add_argument("--client", choices=("httpx", "aiohttp"), default="httpx",
+                        help="the engine's HTTP pool: its own httpx client, or httpx over aiohttp (AiohttpTransport)")
+    parser.add_argument("--workers", type=int, default=64, help="episode_workers: threads for blocking episode work")
+    parser.add_argument("--gc-freeze", action="store_true",
+                        help="gc.freeze() after the warm-up: imported modules' objects leave the GC's full passes")
+    parser.add_argument("--profile", action="store_true", help="pyinstrument profile of the timed run")
+    parser.add_argument("--serve", metavar="SPEC", help=argparse.SUPPRESS)  # the canned engine's own process
+    args = parser.parse_args(argv)
+    if args.serve:
+        serve(args.serve)
+        return 0
+    # tau2's evaluator raises on some mock tasks' env assertions; the episode logs it and scores 0 (expected here)
+    logging.getLogger("tau2_rl_pipeline.env").setLevel(logging.ERROR)
+    print(table(args, bench(args)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
