@@ -10,8 +10,6 @@ per output.
 from __future__ import annotations
 
 import asyncio
-import importlib.util
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -32,15 +30,7 @@ LIVE_OUTPUTS = 200
 MAX_ERROR_CHARS = 1_000  # an error observation stays short whatever the model wrote
 
 
-def _load_bench() -> Any:
-    spec = importlib.util.spec_from_file_location("bench_faults", ROOT / "bench" / "faults.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-faults = _load_bench()
+from bench_faults import faults  # noqa: E402  (bench/faults.py, shared by the hardening tests)
 
 
 @pytest.fixture(scope="module")

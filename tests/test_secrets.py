@@ -7,7 +7,6 @@ and stderr.
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
 import os
 import struct
@@ -29,15 +28,7 @@ PLANTED = {"OPENAI_API_KEY": "sk-planted-OPENAI-1234", "HF_TOKEN": "hf_planted_5
            "WANDB_API_KEY": "planted-wandb-9012"}
 
 
-def _load_bench() -> Any:
-    spec = importlib.util.spec_from_file_location("bench_faults", ROOT / "bench" / "faults.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-faults = _load_bench()
+from bench_faults import faults  # noqa: E402  (bench/faults.py, shared by the hardening tests)
 
 
 def needles(value: str) -> list[bytes]:
