@@ -104,7 +104,9 @@ def test_user_simulator_failures_record_no_key(planted: None, tiny_engine: Any, 
     with LoopbackServer(tiny_engine) as policy, LoopbackServer(tiny_engine, hang_s=5.0) as user_server, \
             faults.FaultProxy(user_server, rate=0.5, seed=5) as proxy:
         trajectories = asyncio.run(faults.user_fault_episodes(
-            policy, user_server, proxy.base_url, load_tasks("mock", "base"), 12, Tau2Config.from_env({}),
+            # no user-simulator retries: the failures end episodes, so their error messages are recorded
+            policy, user_server, proxy.base_url, load_tasks("mock", "base"), 12,
+            Tau2Config.from_env({"TAU2_USER_MAX_RETRIES": "0"}),
             engine_kwargs={"timeout_s": 3.0, "backoff_base_s": 0.02}))
     assert proxy.authorizations == {"Bearer " + PLANTED["OPENAI_API_KEY"]}  # the key was sent on every call
     assert any(t.error for t in trajectories)  # failures were recorded, error messages included
