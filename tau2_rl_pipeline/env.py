@@ -205,17 +205,16 @@ class Episode:
     # -- tool calls ---------------------------------------------------------------------------------
     def agent_tool_call(self, name: str, arguments: dict) -> ToolMessage:
         """Run one agent tool call as its own turn (oracle replay, tests); returns the tool result."""
-        call = self._new_call(name, arguments, "assistant")
-        self._append(AssistantMessage(role="assistant", content=None, tool_calls=[call]))
-        result = self._execute(call)
-        self._append(result)
-        self.step_count += 2
-        return result
+        return self._single_call(name, arguments, "assistant")
 
     def user_tool_call(self, name: str, arguments: dict) -> ToolMessage:
         """Run one user-side tool call (telecom device tools) as its own user turn."""
-        call = self._new_call(name, arguments, "user")
-        self._append(UserMessage(role="user", content=None, tool_calls=[call]))
+        return self._single_call(name, arguments, "user")
+
+    def _single_call(self, name: str, arguments: dict, requestor: str) -> ToolMessage:
+        call = self._new_call(name, arguments, requestor)
+        message_type = AssistantMessage if requestor == "assistant" else UserMessage
+        self._append(message_type(role=requestor, content=None, tool_calls=[call]))
         result = self._execute(call)
         self._append(result)
         self.step_count += 2
