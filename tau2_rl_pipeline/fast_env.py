@@ -50,6 +50,7 @@ from tau2_rl_pipeline.tasks import check_domain
 FAST_SUFFIX = ":fast"  # tau2 registry name of a domain's cheap environments, e.g. "airline:fast"
 
 _MISSING = object()
+DIGESTS_KEPT = 4096  # DB hashes remembered per domain database, by the records an environment changed
 _lock = threading.Lock()
 
 
@@ -98,7 +99,7 @@ class _SharedTable:
     def __init__(self, records: dict[str, BaseModel], record_type: type[BaseModel]):
         self.records = records
         self._adapter = TypeAdapter(record_type)  # dumps a record as the DB's dump does (by the declared type)
-        keys = sorted(records)
+        keys = self._keys = sorted(records)
         self._position = {key: i for i, key in enumerate(keys)}
         self._pieces = [self._piece(key, records[key]) for key in keys]
         self._joined = b", ".join(self._pieces)
@@ -120,23 +121,33 @@ class _SharedTable:
         """Whether every shared record still dumps to the JSON cached when it was parsed."""
         return [self._piece(key, self.records[key]) for key in sorted(self.records)] == self._pieces
 
-    def canonical(self, table: CopyOnReadTable) -> bytes:
-        """The items of `table` in tau2's canonical JSON, re-dumping only records that are no longer shared."""
+    def changes(self, table: CopyOnReadTable) -> tuple[tuple[tuple[str, bytes], ...], tuple[str, ...]]:
+        """What sets `table` apart from the shared records: the JSON pieces of the records it holds its own copies
+        of (looked up, changed or added), and the shared keys it no longer has; both sorted by key."""
         if dict.keys(table) == self.records.keys():
             keys = dict.keys(table)
-            changed = list(compress(keys, map(is_not, dict.values(table), map(self.records.__getitem__, keys))))
-            if not changed:
-                return self._joined
-            pieces = self._pieces.copy()
-            for key in changed:
-                pieces[self._position[key]] = self._piece(key, dict.__getitem__(table, key))
+            own = list(compress(keys, map(is_not, dict.values(table), map(self.records.__getitem__, keys))))
+            removed: tuple[str, ...] = ()
         else:  # records added or removed (a new reservation): the general case
-            pieces = []
-            for key in sorted(table):
-                record = dict.__getitem__(table, key)
-                shared = record is self.records.get(key, _MISSING)
-                pieces.append(self._pieces[self._position[key]] if shared else self._piece(key, record))
-        return b", ".join(pieces)
+            own = [key for key, record in dict.items(table) if record is not self.records.get(key, _MISSING)]
+            removed = tuple(sorted(self.records.keys() - dict.keys(table)))
+        return tuple(sorted((key, self._piece(key, dict.__getitem__(table, key))) for key in own)), removed
+
+    def canonical(self, changes: tuple[tuple[tuple[str, bytes], ...], tuple[str, ...]]) -> bytes:
+        """The table's items in tau2's canonical JSON, from the shared pieces and `changes(table)`."""
+        own, removed = changes
+        if not own and not removed:
+            return self._joined
+        if not removed and all(key in self._position for key, _ in own):
+            pieces = self._pieces.copy()
+            for key, piece in own:
+                pieces[self._position[key]] = piece
+            return b", ".join(pieces)
+        merged = dict(zip(self._keys, self._pieces))
+        for key in removed:
+            del merged[key]
+        merged.update(own)
+        return b", ".join(merged[key] for key in sorted(merged))
 
 
 def _record_types(db_type: type[DB]) -> dict[str, type[BaseModel]] | None:
@@ -162,6 +173,8 @@ class _SharedDB:
         types = _record_types(type(db)) or {}
         self.tables = {name: _SharedTable(getattr(db, name), types[name]) for name in sorted(types)}
         self._pickled = None
+        self._digests: dict[tuple, str] = {}
+        self._digests_lock = threading.Lock()
         if self.tables and self.hash(self.fresh()) != get_dict_hash(db.model_dump()):
             self.tables = {}  # a dump this composition does not reproduce: copy the DB whole, hash it as tau2 does
         if not self.tables:
@@ -181,13 +194,21 @@ class _SharedDB:
         tables = [getattr(db, name) for name in self.tables]
         if not all(isinstance(t, CopyOnReadTable) and t.shared is s for t, s in zip(tables, self.tables.values())):
             return None
+        changes = tuple(shared.changes(table) for shared, table in zip(self.tables.values(), tables))
+        known = self._digests.get(changes)
+        if known is not None:  # the same changes, the same JSON: e.g. every replay of a task's gold actions
+            return known
         digest = hashlib.sha256(b"{")
-        for i, (name, table) in enumerate(zip(self.tables, tables)):
+        for i, (name, change) in enumerate(zip(self.tables, changes)):
             digest.update(b"%s%s: {" % (b", " if i else b"", json.dumps(name).encode()))
-            digest.update(self.tables[name].canonical(table))
+            digest.update(self.tables[name].canonical(change))
             digest.update(b"}")
         digest.update(b"}")
-        return digest.hexdigest()
+        with self._digests_lock:
+            if len(self._digests) >= DIGESTS_KEPT:
+                self._digests.pop(next(iter(self._digests)))
+            self._digests[changes] = digest.hexdigest()
+        return self._digests[changes]
 
 
 @functools.cache

@@ -173,6 +173,32 @@ def test_environments_from_one_parsed_db_do_not_see_each_others_writes():
     assert check_shared_records("airline")
 
 
+def test_remembered_db_hashes_are_tau2s_for_every_kind_of_change():
+    from tau2_rl_pipeline.fast_env import _shared_dbs
+
+    digests = _shared_dbs("retail")[0]._digests
+
+    def states():  # a fresh view; one record looked up; one changed; one added; one removed
+        env = fast_environment("retail")
+        db = env.tools.db
+        user_id = sorted(db.users)[3]
+        yield env
+        db.users[user_id]
+        yield env
+        db.users[user_id].address.city = "Elsewhere"
+        yield env
+        db.users["new_user_1"] = db.users[user_id].model_copy(update={"user_id": "new_user_1"})
+        yield env
+        db.orders.pop(sorted(db.orders)[0])
+        yield env
+
+    first = [(env.get_db_hash(), get_dict_hash(env.tools.db.model_dump())) for env in states()]
+    assert all(ours == tau2s for ours, tau2s in first) and len({h for h, _ in first}) == 4  # a read changes nothing
+    remembered = len(digests)
+    again = [env.get_db_hash() for env in states()]  # new environments, the same changes: answered from memory
+    assert again == [h for h, _ in first] and len(digests) == remembered
+
+
 def test_telecom_environments_get_their_own_copies():
     a, b = fast_environment("telecom"), fast_environment("telecom")
     customer = a.tools.db.customers[0].customer_id
