@@ -23,7 +23,7 @@ from tau2_rl_pipeline.config import Tau2Config
 from tau2_rl_pipeline.engines import SamplingParams
 from tau2_rl_pipeline.env import build_environment
 from tau2_rl_pipeline.reward import partial_score
-from tau2_rl_pipeline.rollout import Trajectory, run_episode, shared_executor
+from tau2_rl_pipeline.rollout import Trajectory, off_loop, run_episode, shared_executor
 
 logger = logging.getLogger("eval_passk")
 EPISODE_ERROR = "episode_error"  # termination reason of an episode that raised (recorded as aborted)
@@ -73,7 +73,6 @@ async def run_episodes(pending: Sequence[tuple[str, Any, int]], *, engine: Any, 
     An episode that raises (tau2's evaluator does on some broken tasks) becomes an aborted record with the error,
     and the others go on.
     """
-    loop = asyncio.get_running_loop()
     executor = shared_executor(cfg.episode_workers)
     gate = asyncio.Semaphore(concurrency)
 
@@ -82,7 +81,7 @@ async def run_episodes(pending: Sequence[tuple[str, Any, int]], *, engine: Any, 
             ep_seed = episode_seed(seed, domain, task.id, sample)
             started, t0 = get_now(), time.perf_counter()
             try:
-                environment = await loop.run_in_executor(executor, build_environment, domain, cfg.fast_env)
+                environment = await off_loop(executor, build_environment, domain, cfg.fast_env)
                 traj = await run_episode(domain, task, engine, tokenizer, user_factory(task, environment),
                                          replace(sampling, seed=ep_seed), cfg, environment=environment,
                                          executor=executor)

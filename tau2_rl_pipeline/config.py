@@ -57,7 +57,8 @@ class Tau2Config:
         "their evaluation; rewards identical to tau2's native path (bench/env_cost.py); off = tau2's own"))
     episode_workers: int = field(default=64, metadata=_meta(
         "threads for blocking episode work (tau2 tools, user-simulator calls, evaluation) shared by all "
-        "episodes in flight in one process", min_value=1))
+        "episodes in flight in one process; 0 = on the event loop (scripted user only: fastest with fast_env)",
+        min_value=0))
     # -- reward shaping (reward.py) ---------------------------------------------------------------
     use_partial_credit: bool = field(default=True, metadata=_meta(
         "add alpha * partial score to the task reward; off = the shaped reward is tau2's task reward"))

@@ -10,7 +10,9 @@ max_new_tokens, the context over max_context_len, max_turns), or as aborted when
 simulator fails for good: an infrastructure failure, recorded and never scored as the model's.
 
 The episode's blocking work (tau2 tools, the user simulator's HTTP call, evaluation) runs on a thread pool, so
-hundreds of episodes can be in flight on one event loop.
+hundreds of episodes can be in flight on one event loop; with the scripted user and fast_env that work is a few
+milliseconds of CPU, and `episode_workers=0` runs it on the loop itself, sparing the thread hops and the GIL
+hand-offs that otherwise stall the loop (bench/README.md, P2).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
+import weakref
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -71,9 +74,54 @@ class Trajectory:
 
 
 @functools.lru_cache(maxsize=None)
-def shared_executor(workers: int) -> Executor:
-    """Threads for blocking episode work; sized for I/O-bound user-simulator calls, not for CPU count."""
-    return ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tau2-episode")
+def shared_executor(workers: int) -> Executor | None:
+    """Threads for blocking episode work; sized for I/O-bound user-simulator calls, not for CPU count.
+    None for 0 workers: the work runs on the event loop (`off_loop`)."""
+    return ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tau2-episode") if workers else None
+
+
+SLICE_S = 0.010  # episode work the event loop does at a stretch before it polls sockets and timers again
+
+
+class _Slice:
+    """The current stretch of work on one event loop, started when the loop last came round to its queue."""
+
+    def __init__(self) -> None:
+        self.started = time.perf_counter()
+        self.renewing = False
+
+    def renew(self) -> None:
+        self.started, self.renewing = time.perf_counter(), False
+
+
+_slices: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+async def checkpoint() -> None:
+    """Give way once this loop iteration has run SLICE_S of episode work.
+
+    asyncio runs every callback that is ready before it looks at sockets and timers again, so 256 episodes whose
+    replies arrive together, each with a millisecond or two of work, would hold the loop for hundreds of ms.
+    Past the slice, each episode re-queues itself (and re-checks when it comes round): the loop polls in between.
+    """
+    loop = asyncio.get_running_loop()
+    current = _slices.get(loop)
+    if current is None:
+        current = _slices[loop] = _Slice()
+    while time.perf_counter() - current.started >= SLICE_S:
+        if not current.renewing:  # queued ahead of the episodes that give way: renews the next iteration's slice
+            current.renewing = True
+            loop.call_soon(current.renew)
+        await asyncio.sleep(0)
+
+
+async def off_loop(executor: Executor | None, fn, *args):
+    """`fn(*args)` on the executor's threads, or right here on the event loop (at a checkpoint) when there is
+    none."""
+    if executor is None:
+        await checkpoint()
+        return fn(*args)
+    return await asyncio.get_running_loop().run_in_executor(executor, functools.partial(fn, *args))
 
 
 @functools.lru_cache(maxsize=8)
@@ -84,10 +132,6 @@ def observation_template(tokenizer) -> ObservationTemplate:
 def turn_seed(seed: int | None, turn: int) -> int | None:
     """Each turn its own sampling seed: one seed reused every turn would restart the same random stream each time."""
     return None if seed is None else (seed * 1_000_003 + turn) % (1 << 31)
-
-
-def _encode_prompt(tokenizer, chat: list[dict], tools: list[dict]) -> list[int]:
-    return tokenizer.encode(render(tokenizer, chat, tools, add_generation_prompt=True), add_special_tokens=False)
 
 
 class _Clock:
@@ -110,15 +154,14 @@ async def run_episode(
     environment: Environment | None = None,
     executor: Executor | None = None,
 ) -> Trajectory:
-    loop = asyncio.get_running_loop()
-    executor = executor or shared_executor(cfg.episode_workers)
+    executor = executor if executor is not None else shared_executor(cfg.episode_workers)
     clock = _Clock()
     t_start = time.perf_counter()
 
     async def blocking(key: str, fn, *args):
         t0 = time.perf_counter()
         try:
-            return await loop.run_in_executor(executor, functools.partial(fn, *args))
+            return await off_loop(executor, fn, *args)
         finally:
             clock.add(key, time.perf_counter() - t0)
 
@@ -131,13 +174,13 @@ async def run_episode(
     status, reason, error, turns = COMPLETED, None, None, 0
     try:
         view = await blocking("env_s", episode.start)
-        # the first prompt holds the whole policy and tool schemas: tokenize it off the event loop
-        buf.prompt_ids = await blocking("tokenize_s", _encode_prompt, tokenizer, [system, *view], episode.tools)
+        buf.prompt_ids = await blocking("tokenize_s", template.first_prompt_ids, [system, *view], episode.tools)
         while not episode.done:
             room = cfg.max_context_len - len(buf)
             if turns >= cfg.max_turns or room <= 0:
                 status, reason = TRUNCATED, ("max_turns" if turns >= cfg.max_turns else "max_context_len")
                 break
+            await checkpoint()
             t0 = time.perf_counter()
             result = await engine.generate(buf.all_ids(), replace(
                 sampling, max_new_tokens=min(sampling.max_new_tokens, room), seed=turn_seed(sampling.seed, turns)))

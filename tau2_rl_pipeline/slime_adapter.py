@@ -12,6 +12,7 @@ scripts put it there). slime itself is never imported: the `Sample` class comes 
 from __future__ import annotations
 
 import functools
+import gc
 import threading
 from dataclasses import replace
 from typing import Any
@@ -40,6 +41,10 @@ def _tokenizer(path: str):
 
 @functools.lru_cache(maxsize=None)
 def _engine(ip: str, port: int, concurrency: int) -> SGLangEngine:
+    # The first episode of the run: what slime, torch and tau2 have loaded by now lives as long as the process.
+    # Out of the collector's full passes, which otherwise stall the event loop for ~0.4 s each with hundreds of
+    # episodes in flight (bench/README.md, P2).
+    gc.freeze()
     return SGLangEngine.from_router(ip, port, max_in_flight=concurrency)
 
 

@@ -9,13 +9,20 @@ the model never produced.
 
 from __future__ import annotations
 
+import json
+import threading
 from dataclasses import dataclass, field
 
+from tau2_rl_pipeline.prompting import render
+
 _ANCHOR = [{"role": "assistant", "content": "x"}]
+_UNSEEN = object()
+SYSTEM_TURNS_KEPT = 32  # system prompt + tool set pairs whose tokens are kept (a few per domain in practice)
 
 
 class ObservationTemplate:
-    """Renders only the new part of the chat template after an assistant turn.
+    """Renders only the new part of the chat template after an assistant turn; and first prompts as a cached
+    system turn plus such a delta.
 
     The delta is the template's text for `[anchor assistant turn] + observations` (with the generation prompt)
     minus the anchor's text up to and including its end-of-turn token; its cost depends on the observation
@@ -32,6 +39,8 @@ class ObservationTemplate:
             raise ValueError(f"the chat template does not end assistant turns with {self.end_of_turn!r}")
         self._anchor = anchor[: cut + len(self.end_of_turn)]
         self.end_of_turn_id = tokenizer.convert_tokens_to_ids(self.end_of_turn)
+        self._system_turns: dict[tuple[str, str], tuple[int, ...] | None] = {}
+        self._lock = threading.Lock()
 
     def delta_text(self, observations: list[dict]) -> str:
         full = self.tokenizer.apply_chat_template(_ANCHOR + observations, tokenize=False, add_generation_prompt=True)
@@ -40,7 +49,38 @@ class ObservationTemplate:
         return full[len(self._anchor):]
 
     def delta_ids(self, observations: list[dict]) -> list[int]:
-        return self.tokenizer.encode(self.delta_text(observations), add_special_tokens=False)
+        return self._encode(self.delta_text(observations))
+
+    def first_prompt_ids(self, chat: list[dict], tools: list[dict] | None) -> list[int]:
+        """The ids of `render(chat, tools)` with the generation prompt, `chat` opening with the system turn.
+
+        The system turn (tau2's policy and the tool schemas: the same in every episode of a domain, 5-7k tokens,
+        10-20 ms to render and tokenize) is done once per system prompt and tool set; the rest is a delta. The
+        first time, the whole prompt is rendered too and the shortcut kept only if it gives the same text.
+        """
+        if not chat or chat[0].get("role") != "system" or len(chat) < 2:
+            return self._encode(render(self.tokenizer, chat, tools, add_generation_prompt=True))
+        key = (chat[0]["content"], json.dumps(tools))
+        head = self._system_turns.get(key, _UNSEEN)
+        if head is not _UNSEEN:
+            if head is not None:
+                return [*head, *self._encode(self.delta_text(chat[1:]))]
+            return self._encode(render(self.tokenizer, chat, tools, add_generation_prompt=True))
+        text = render(self.tokenizer, chat, tools, add_generation_prompt=True)
+        cut = text.find(self.end_of_turn) + len(self.end_of_turn)
+        try:
+            fits = cut >= len(self.end_of_turn) and text[:cut] + self.delta_text(chat[1:]) == text
+        except ValueError:  # a template whose deltas are not valid
+            fits = False
+        head = tuple(self._encode(text[:cut])) if fits else None
+        with self._lock:
+            if len(self._system_turns) >= SYSTEM_TURNS_KEPT:
+                self._system_turns.pop(next(iter(self._system_turns)))
+            self._system_turns[key] = head
+        return [*head, *self._encode(text[cut:])] if fits else self._encode(text)
+
+    def _encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False)
 
 
 @dataclass

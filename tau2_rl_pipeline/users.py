@@ -115,7 +115,11 @@ def llm_user_args(cfg: Tau2Config) -> dict:
 
 
 def check_llm_user(cfg: Tau2Config) -> None:
-    """Fail early, in one line, when a remote user model has no API key (checked by name, never printed)."""
+    """Fail early, in one line, when a remote user model has no API key (checked by name, never printed), or
+    when its blocking calls would run on the event loop."""
+    if cfg.episode_workers == 0:
+        raise UserConfigError("TAU2_EPISODE_WORKERS=0 runs episode work on the event loop, which the LLM user "
+                              "simulator's blocking calls would stall: set it to 1 or more (default 64)")
     if cfg.user_api_base:
         return
     import litellm

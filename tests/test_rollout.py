@@ -1,6 +1,8 @@
 """Token-in/token-out rollout: token fidelity, masks, log-probs, truncation, retries and aborts."""
 
 import asyncio
+import threading
+import time
 from dataclasses import replace
 
 import pytest
@@ -14,7 +16,7 @@ from tau2_rl_pipeline.oracle import final_message, gold_actions
 from tau2_rl_pipeline.prompting import render
 from tau2_rl_pipeline.rollout import ABORTED, COMPLETED, TRUNCATED, run_episode
 from tau2_rl_pipeline.tasks import get_task, load_tasks
-from tau2_rl_pipeline.users import ScriptedUser
+from tau2_rl_pipeline.users import ScriptedUser, UserConfigError, make_user_factory
 
 CFG = Tau2Config.from_env({})
 
@@ -231,3 +233,68 @@ def test_fast_env_setting_picks_the_environments_and_keeps_the_reward(qwen3_toke
                                                 final_message(task)])
     traj = _run("mock", task, engine, qwen3_tokenizer, Tau2Config.from_env({"TAU2_FAST_ENV": str(fast)}))
     assert built == [fast] and traj.reward == 1.0
+
+
+class ThreadNotingUser(ScriptedUser):
+    """The scripted user, noting the thread each of its replies is made on."""
+
+    def __init__(self, task):
+        super().__init__(task)
+        self.threads: list[str] = []
+
+    def generate_next_message(self, message, state):
+        self.threads.append(threading.current_thread().name)
+        return super().generate_next_message(message, state)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_episode_workers_zero_runs_episode_work_on_the_event_loop(qwen3_tokenizer, workers):
+    task = get_task("mock", "create_task_1")
+    (action,) = gold_actions(task)
+    engine = ChosenTextEngine(qwen3_tokenizer, [render_assistant_text("", [(action.name, action.arguments)]),
+                                                final_message(task)])
+    user = ThreadNotingUser(task)
+    traj = _run("mock", task, engine, qwen3_tokenizer, Tau2Config.from_env({"TAU2_EPISODE_WORKERS": str(workers)}),
+                user=user)
+    assert traj.status == COMPLETED and traj.reward == 1.0 and len(user.threads) >= 2
+    if workers:
+        assert all(name.startswith("tau2-episode") for name in user.threads)
+    else:
+        assert set(user.threads) == {threading.main_thread().name}  # asyncio.run's loop runs on this thread
+
+
+def test_the_llm_user_refuses_episode_work_on_the_event_loop():
+    with pytest.raises(UserConfigError, match="TAU2_EPISODE_WORKERS=0"):
+        make_user_factory("llm", Tau2Config.from_env({"TAU2_EPISODE_WORKERS": "0"}, user_api_base="http://x:1/v1"))
+
+
+@pytest.mark.parametrize("paced", [True, False])
+def test_checkpoint_lets_the_loop_poll_timers_between_slices_of_episode_work(paced):
+    """50 episodes with a burst of inline work each: at checkpoints, a due timer runs after about one slice."""
+    from tau2_rl_pipeline import rollout
+
+    chunk_s = rollout.SLICE_S / 2
+
+    async def burst() -> int:
+        done = 0
+
+        async def episode() -> None:
+            nonlocal done
+            for _ in range(4):
+                if paced:
+                    await rollout.checkpoint()
+                end = time.perf_counter() + chunk_s
+                while time.perf_counter() < end:  # a stretch of blocking episode work
+                    pass
+                done += 1
+
+        fired = asyncio.get_running_loop().create_future()
+        asyncio.get_running_loop().call_later(0.001, lambda: fired.set_result(done))
+        await asyncio.gather(*(episode() for _ in range(50)))
+        return fired.result()
+
+    chunks_before_the_timer = asyncio.run(burst())
+    if paced:
+        assert chunks_before_the_timer <= 8  # about a slice of work (two chunks), then the timer
+    else:
+        assert chunks_before_the_timer >= 50  # every episode's first stretch held the loop first
