@@ -1,19 +1,18 @@
 """Issue 9, P2: rollout harness efficiency. Many tau2 episodes in flight against an engine that only waits.
 
     .venv/bin/python bench/harness.py                      # as shipped: 1024 mock episodes, 256 in flight, 200 ms
-    .venv/bin/python bench/harness.py --client aiohttp --gc-freeze --domain airline --latency 2.0
+    .venv/bin/python bench/harness.py --workers 0 --domain airline --latency 2.0
     .venv/bin/python bench/harness.py --profile            # + bench/profiles/harness_<variant>.txt (pyinstrument)
 
-Variants, to measure fixes without editing the project: `--client aiohttp` gives the engine an httpx client over
-aiohttp's connection pool (`AiohttpTransport`); `--gc-freeze` moves every object alive after the warm-up out of
-the cyclic GC's passes; `--workers` sets episode_workers; `--native-env` turns fast_env off.
+Variants: `--workers` sets episode_workers (0: episode work on the event loop); `--no-gc-freeze` skips the
+gc.freeze() that the rollout drivers make once set up; `--native-env` turns fast_env off.
 
 The engine is `CannedSGLang`, a process of its own speaking SGLang's native `/generate` contract on 127.0.0.1:
 each request sleeps `--latency` seconds, then answers with fixed canonical Qwen3 token ids (log-probs a constant
 -0.1): on the agent's first `--tool-turns` turns a valid read-only tool call of the domain, then a closing text
 reply, after which the scripted user ends the episode. It costs next to no CPU, and none in the harness's
-process, so what is measured is the harness: `run_episode` with `SGLangEngine(max_in_flight=concurrency)`, tau2
-environments and evaluation, tokenization, the scripted user. (The loopback server's scripted mode scores every
+process, so what is measured is the harness: the evaluator's `run_episodes` (`run_episode` and its records) with
+`SGLangEngine(max_in_flight=concurrency)`, tau2 environments and evaluation, tokenization, the scripted user. (The loopback server's scripted mode scores every
 reply with a real model, teacher-forced: real CPU work in the measured process, and one queue of replies for all
 episodes instead of one per episode's turn.)
 
@@ -31,6 +30,7 @@ import itertools
 import json
 import logging
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -41,6 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable as a sc
 
 import httpx  # noqa: E402
 
+from tau2_rl_pipeline.config import Tau2Config  # noqa: E402
 from tau2_rl_pipeline.actions import render_assistant_text  # noqa: E402
 
 PROFILES = Path(__file__).resolve().parent / "profiles"
@@ -71,15 +72,11 @@ def _response_body(ids: list[int], text: str, eos_id: int) -> bytes:
         "output_token_logprobs": [[LOGPROB, t, None] for t in ids]}}).encode()
 
 
-def assistant_turns(input_ids: list[int], im_start: int, assistant: int) -> int:
-    """How many `<|im_start|>assistant` headers a prompt holds: the last one is the turn being asked for."""
-    n, i = 0, -1
-    try:
-        while True:
-            i = input_ids.index(im_start, i + 1)
-            n += i + 1 < len(input_ids) and input_ids[i + 1] == assistant
-    except ValueError:
-        return n
+def assistant_turns(body: bytes, im_start: int, assistant: int) -> int:
+    """How many `<|im_start|>assistant` headers the request's prompt holds (the last is the turn being asked for),
+    counted in the JSON bytes: the canned engine stands in for a GPU server elsewhere, so it spends next to no CPU
+    of the machine the harness is measured on."""
+    return len(re.findall(rb"\b%d,\s*%d\b" % (im_start, assistant), body))
 
 
 def serve(spec_path: str) -> None:
@@ -92,8 +89,7 @@ def serve(spec_path: str) -> None:
     calls = [0]
 
     async def generate(request: web.Request) -> web.Response:
-        body = await request.json()
-        turn = assistant_turns(body["input_ids"], im_start, assistant)
+        turn = assistant_turns(await request.read(), im_start, assistant)
         calls[0] += 1
         await asyncio.sleep(latency)
         # tau2 opens every conversation with the agent's greeting: the first header is not a policy turn
@@ -145,32 +141,6 @@ class CannedSGLang:
 
 # ---------------------------------------------------------------------------------------------------------------
 # The harness under test
-
-
-class AiohttpTransport(httpx.AsyncBaseTransport):
-    """An httpx transport over one aiohttp session, to hand `SGLangEngine(client=...)`: the same engine code with
-    aiohttp's connection pool under it instead of httpcore's, whose bookkeeping scans every pooled connection on
-    each request event (quadratic in the pool size; encode/httpx#3215, encode/httpcore#1035)."""
-
-    def __init__(self, limit: int):
-        self._limit = limit
-        self._session = None
-
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        import aiohttp
-
-        if self._session is None:  # created on the loop that uses it
-            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=self._limit))
-        try:
-            async with self._session.request(request.method, str(request.url), data=request.content,
-                                             headers=dict(request.headers)) as r:
-                return httpx.Response(r.status, headers=list(r.headers.items()), content=await r.read())
-        except aiohttp.ClientError as exc:  # retried by the engine like any transport failure
-            raise httpx.TransportError(str(exc)) from exc
-
-    async def aclose(self) -> None:
-        if self._session is not None:
-            await self._session.close()
 
 
 class Heartbeat:
@@ -260,52 +230,46 @@ def task_list(domain: str):
 
 
 async def run_batch(base_url: str, domain: str, tasks: list, episodes: int, concurrency: int, tokenizer,
-                    native_env: bool, client: str = "httpx", workers: int = 64) -> dict:
-    """`episodes` scripted-user episodes (tasks cycled), at most `concurrency` in flight; wall time and stalls."""
-    from tau2_rl_pipeline.config import Tau2Config
+                    cfg) -> dict:
+    """`episodes` scripted-user episodes (tasks cycled) through the evaluator's runner, at most `concurrency` in
+    flight: wall time, CPU, stalls, GC passes."""
+    from eval.runner import run_episodes
     from tau2_rl_pipeline.engines import SGLangEngine
-    from tau2_rl_pipeline.rollout import run_episode, shared_executor
-    from tau2_rl_pipeline.users import ScriptedUser
+    from tau2_rl_pipeline.users import make_user_factory
 
-    cfg = Tau2Config.from_env({}, episode_workers=workers, fast_env=not native_env)
-    sampling = policy_sampling(tokenizer)
-    http = httpx.AsyncClient(transport=AiohttpTransport(concurrency)) if client == "aiohttp" else None
-    engine = SGLangEngine(base_url, max_in_flight=concurrency, client=http)
-    executor = shared_executor(cfg.episode_workers)
-    gate = asyncio.Semaphore(concurrency)
-
-    async def one(task):
-        async with gate:
-            return await run_episode(domain, task, engine, tokenizer, ScriptedUser(task), sampling, cfg,
-                                     executor=executor)
-
+    engine = SGLangEngine(base_url, max_in_flight=concurrency)
+    pending = [(domain, task, i // len(tasks)) for i, task in enumerate(itertools.islice(itertools.cycle(tasks),
+                                                                                        episodes))]
+    records: list[dict] = []
     cpu0, t0 = time.process_time(), time.perf_counter()
     with Heartbeat() as beat, GcPauses() as gcp:
-        trajs = await asyncio.gather(*(one(t) for t in itertools.islice(itertools.cycle(tasks), episodes)))
+        await run_episodes(pending, engine=engine, tokenizer=tokenizer, user_factory=make_user_factory("scripted", cfg),
+                           sampling=policy_sampling(tokenizer), cfg=cfg, seed=0, concurrency=concurrency,
+                           on_done=records.append)
     wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
-    await (http or engine).aclose()
-    statuses = {s: sum(t.status == s for t in trajs) for s in {t.status for t in trajs}}
-    phases = {k: statistics.mean(t.timings.get(k, 0.0) for t in trajs) for k in ("env_s", "tokenize_s", "eval_s")}
-    return {"wall_s": wall, "cpu_s": cpu, "turns": sum(t.turns for t in trajs), "statuses": statuses,
+    await engine.aclose()
+    statuses = {s: sum(r["status"] == s for r in records) for s in {r["status"] for r in records}}
+    phases = {k: statistics.mean(r["timings"].get(k, 0.0) for r in records) for k in ("env_s", "tokenize_s", "eval_s")}
+    return {"wall_s": wall, "cpu_s": cpu, "turns": sum(r["turns"] for r in records), "statuses": statuses,
             "phases": phases, **beat.summary(), **gcp.summary()}
 
 
 def profile_name(args: argparse.Namespace) -> str:
     native = "_native" if args.native_env else ""
-    return f"{args.domain}{native}_{args.client}{'_gcfreeze' if args.gc_freeze else ''}_w{args.workers}"
+    return f"{args.domain}{native}{'' if args.gc_freeze else '_nofreeze'}_w{args.workers}"
 
 
 def bench(args: argparse.Namespace) -> dict:
     import tempfile
 
+    cfg = Tau2Config.from_env({}, episode_workers=args.workers, fast_env=not args.native_env)
     tokenizer = load_tokenizer()
     tasks = task_list(args.domain)
     with tempfile.TemporaryDirectory() as tmp, CannedSGLang(tokenizer, args.domain, args.tool_turns, args.latency,
                                                           Path(tmp)) as server:
         # warm-up, untimed: imports, tau2 registry, fast_env's one parse of the databases, template caches
-        asyncio.run(run_batch(server.base_url, args.domain, tasks, min(8, args.episodes), 8, tokenizer,
-                              args.native_env, args.client, args.workers))
-        if args.gc_freeze:  # what a rollout driver would do once set up: long-lived objects out of GC passes
+        asyncio.run(run_batch(server.base_url, args.domain, tasks, min(8, args.episodes), 8, tokenizer, cfg))
+        if args.gc_freeze:  # as eval_passk and the slime adapter do once set up: long-lived objects out of GC
             gc.collect()
             gc.freeze()
         calls0 = server.calls()
@@ -316,7 +280,7 @@ def bench(args: argparse.Namespace) -> dict:
             profiler = Profiler(interval=0.001, async_mode="disabled")  # the event loop's thread, all of it
             profiler.start()
         result = asyncio.run(run_batch(server.base_url, args.domain, tasks, args.episodes, args.concurrency,
-                                       tokenizer, args.native_env, args.client, args.workers))
+                                       tokenizer, cfg))
         if profiler is not None:
             profiler.stop()
             PROFILES.mkdir(exist_ok=True)
@@ -335,7 +299,8 @@ def table(args: argparse.Namespace, r: dict) -> str:
     ok = lambda good: "yes" if good else "no"  # noqa: E731
     rows = [
         ("episodes / concurrency / latency", f"{args.episodes} / {args.concurrency} / {args.latency * 1e3:.0f} ms"),
-        ("domain (environments) / engine HTTP client / episode_workers", f"{env} / {args.client} / {args.workers}"),
+        ("domain (environments) / episode_workers / gc.freeze", f"{env} / {args.workers} / "
+         f"{'yes' if args.gc_freeze else 'no'}"),
         ("generate calls", f"{r['calls']} (episode turns {r['turns']})"),
         ("statuses", ", ".join(f"{k} {v}" for k, v in sorted(r["statuses"].items()))),
         ("ideal wall (calls x latency / concurrency)", f"{r['ideal_s']:.2f} s"),
@@ -362,11 +327,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tool-turns", type=int, default=2, help="agent turns that call a tool before replying")
     parser.add_argument("--native-env", action="store_true",
                         help="tau2's native environments and evaluation (fast_env off, TAU2_FAST_ENV=0)")
-    parser.add_argument("--client", choices=("httpx", "aiohttp"), default="httpx",
-                        help="the engine's HTTP pool: its own httpx client, or httpx over aiohttp (AiohttpTransport)")
-    parser.add_argument("--workers", type=int, default=64, help="episode_workers: threads for blocking episode work")
-    parser.add_argument("--gc-freeze", action="store_true",
-                        help="gc.freeze() after the warm-up: imported modules' objects leave the GC's full passes")
+    parser.add_argument("--workers", type=int, default=Tau2Config.episode_workers,
+                        help="episode_workers: threads for blocking episode work; 0 = on the event loop")
+    parser.add_argument("--no-gc-freeze", dest="gc_freeze", action="store_false",
+                        help="skip the gc.freeze() that eval_passk and the slime adapter make once set up")
     parser.add_argument("--profile", action="store_true", help="pyinstrument profile of the timed run")
     parser.add_argument("--serve", metavar="SPEC", help=argparse.SUPPRESS)  # the canned engine's own process
     args = parser.parse_args(argv)
