@@ -5,7 +5,9 @@
     .venv/bin/python bench/harness.py --profile            # + bench/profiles/harness_<variant>.txt (pyinstrument)
 
 Variants: `--workers` sets episode_workers (0: episode work on the event loop); `--no-gc-freeze` skips the
-gc.freeze() that the rollout drivers make once set up; `--native-env` turns fast_env off.
+gc.freeze() that the rollout drivers make once set up; `--native-env` turns fast_env off; `--procs N` splits the
+episodes and the concurrency over N rollout processes started together (what several rollout processes per node
+would give; the stall reported is the worst process's).
 
 The engine is `CannedSGLang`, a process of its own speaking SGLang's native `/generate` contract on 127.0.0.1:
 each request sleeps `--latency` seconds, then answers with fixed canonical Qwen3 token ids (log-probs a constant
@@ -259,36 +261,85 @@ def profile_name(args: argparse.Namespace) -> str:
     return f"{args.domain}{native}{'' if args.gc_freeze else '_nofreeze'}_w{args.workers}"
 
 
-def bench(args: argparse.Namespace) -> dict:
-    import tempfile
-
+def warmed_up(args: argparse.Namespace, base_url: str):
+    """Tokenizer, tasks and config, after an untimed warm-up (imports, tau2 registry, fast_env's one parse of the
+    databases, template caches) and, unless --no-gc-freeze, the gc.freeze() a rollout driver makes once set up."""
     cfg = Tau2Config.from_env({}, episode_workers=args.workers, fast_env=not args.native_env)
     tokenizer = load_tokenizer()
     tasks = task_list(args.domain)
+    asyncio.run(run_batch(base_url, args.domain, tasks, min(8, args.episodes), 8, tokenizer, cfg))
+    if args.gc_freeze:
+        gc.collect()
+        gc.freeze()
+    return tokenizer, tasks, cfg
+
+
+def run_shard(args: argparse.Namespace) -> None:
+    """One of --procs rollout processes: warm up, say so, start at the time the parent sends, print the result."""
+    tokenizer, tasks, cfg = warmed_up(args, args.engine_url)
+    print("ready", flush=True)
+    time.sleep(max(0.0, float(sys.stdin.readline()) - time.time()))
+    result = asyncio.run(run_batch(args.engine_url, args.domain, tasks, args.episodes // args.procs,
+                                   args.concurrency // args.procs, tokenizer, cfg))
+    print(json.dumps({**result, "ended_at": time.time()}), flush=True)
+
+
+def sharded(args: argparse.Namespace, server: CannedSGLang) -> dict:
+    """--procs processes, each with its share of the episodes and of the concurrency, started together."""
+    argv = [sys.executable, __file__, "--engine-url", server.base_url, *sys.argv[1:]]
+    shards = [subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+              for _ in range(args.procs)]
+    for shard in shards:
+        if shard.stdout.readline().strip() != "ready":
+            raise SystemExit("a shard process failed to start")
+    calls0 = server.calls()  # after the shards' warm-ups
+    start = time.time() + 0.5
+    for shard in shards:
+        shard.stdin.write(f"{start}\n")
+        shard.stdin.flush()
+    results = [json.loads(shard.stdout.readline()) for shard in shards]
+    for shard in shards:
+        shard.wait(timeout=30)
+    statuses: dict[str, int] = {}
+    for r in results:
+        for k, v in r["statuses"].items():
+            statuses[k] = statuses.get(k, 0) + v
+    return {"calls": server.calls() - calls0,
+            "wall_s": max(r["ended_at"] for r in results) - start, "cpu_s": sum(r["cpu_s"] for r in results),
+            "turns": sum(r["turns"] for r in results), "statuses": statuses,
+            "phases": {k: statistics.mean(r["phases"][k] for r in results) for k in results[0]["phases"]},
+            **{k: max(r[k] for r in results) for k in ("max_stall_s", "p99_stall_s", "median_stall_s",
+                                                      "gc_full_max_s")},
+            **{k: sum(r[k] for r in results) for k in ("gc_cpu_s", "gc_full")}}
+
+
+def bench(args: argparse.Namespace) -> dict:
+    import tempfile
+
+    tokenizer = load_tokenizer()
     with tempfile.TemporaryDirectory() as tmp, CannedSGLang(tokenizer, args.domain, args.tool_turns, args.latency,
                                                           Path(tmp)) as server:
-        # warm-up, untimed: imports, tau2 registry, fast_env's one parse of the databases, template caches
-        asyncio.run(run_batch(server.base_url, args.domain, tasks, min(8, args.episodes), 8, tokenizer, cfg))
-        if args.gc_freeze:  # as eval_passk and the slime adapter do once set up: long-lived objects out of GC
-            gc.collect()
-            gc.freeze()
-        calls0 = server.calls()
-        profiler = None
-        if args.profile:
-            from pyinstrument import Profiler
+        if args.procs > 1:
+            result = sharded(args, server)
+        else:
+            tokenizer, tasks, cfg = warmed_up(args, server.base_url)
+            calls0 = server.calls()
+            profiler = None
+            if args.profile:
+                from pyinstrument import Profiler
 
-            profiler = Profiler(interval=0.001, async_mode="disabled")  # the event loop's thread, all of it
-            profiler.start()
-        result = asyncio.run(run_batch(server.base_url, args.domain, tasks, args.episodes, args.concurrency,
-                                       tokenizer, cfg))
-        if profiler is not None:
-            profiler.stop()
-            PROFILES.mkdir(exist_ok=True)
-            out = PROFILES / f"harness_{profile_name(args)}.txt"
-            out.write_text(f"# {' '.join(sys.argv)}\n\n" + profiler.output_text(
-                unicode=False, color=False, processor_options={"show_regex": SHOWN, "filter_threshold": 0.005}))
-            print(f"profile: {out}", file=sys.stderr)
-        result["calls"] = server.calls() - calls0
+                profiler = Profiler(interval=0.001, async_mode="disabled")  # the event loop's thread, all of it
+                profiler.start()
+            result = asyncio.run(run_batch(server.base_url, args.domain, tasks, args.episodes, args.concurrency,
+                                           tokenizer, cfg))
+            if profiler is not None:
+                profiler.stop()
+                PROFILES.mkdir(exist_ok=True)
+                out = PROFILES / f"harness_{profile_name(args)}.txt"
+                out.write_text(f"# {' '.join(sys.argv)}\n\n" + profiler.output_text(
+                    unicode=False, color=False, processor_options={"show_regex": SHOWN, "filter_threshold": 0.005}))
+                print(f"profile: {out}", file=sys.stderr)
+            result["calls"] = server.calls() - calls0
     result["ideal_s"] = result["calls"] * args.latency / args.concurrency
     result["efficiency"] = result["ideal_s"] / result["wall_s"]
     return result
@@ -299,8 +350,8 @@ def table(args: argparse.Namespace, r: dict) -> str:
     ok = lambda good: "yes" if good else "no"  # noqa: E731
     rows = [
         ("episodes / concurrency / latency", f"{args.episodes} / {args.concurrency} / {args.latency * 1e3:.0f} ms"),
-        ("domain (environments) / episode_workers / gc.freeze", f"{env} / {args.workers} / "
-         f"{'yes' if args.gc_freeze else 'no'}"),
+        ("domain (environments) / episode_workers / gc.freeze / processes", f"{env} / {args.workers} / "
+         f"{'yes' if args.gc_freeze else 'no'} / {args.procs}"),
         ("generate calls", f"{r['calls']} (episode turns {r['turns']})"),
         ("statuses", ", ".join(f"{k} {v}" for k, v in sorted(r["statuses"].items()))),
         ("ideal wall (calls x latency / concurrency)", f"{r['ideal_s']:.2f} s"),
@@ -331,14 +382,22 @@ def main(argv: list[str] | None = None) -> int:
                         help="episode_workers: threads for blocking episode work; 0 = on the event loop")
     parser.add_argument("--no-gc-freeze", dest="gc_freeze", action="store_false",
                         help="skip the gc.freeze() that eval_passk and the slime adapter make once set up")
-    parser.add_argument("--profile", action="store_true", help="pyinstrument profile of the timed run")
+    parser.add_argument("--procs", type=int, default=1,
+                        help="rollout processes, each with 1/procs of the episodes and of the concurrency")
+    parser.add_argument("--profile", action="store_true", help="pyinstrument profile of the timed run (--procs 1)")
     parser.add_argument("--serve", metavar="SPEC", help=argparse.SUPPRESS)  # the canned engine's own process
+    parser.add_argument("--engine-url", help=argparse.SUPPRESS)  # a --procs shard's own process
     args = parser.parse_args(argv)
+    if args.procs < 1 or args.episodes % args.procs or args.concurrency % args.procs:
+        parser.error("--procs must divide --episodes and --concurrency")
     if args.serve:
         serve(args.serve)
         return 0
     # tau2's evaluator raises on some mock tasks' env assertions; the episode logs it and scores 0 (expected here)
     logging.getLogger("tau2_rl_pipeline.env").setLevel(logging.ERROR)
+    if args.engine_url:
+        run_shard(args)
+        return 0
     print(table(args, bench(args)))
     return 0
 

@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import PROFILES, load_tokenizer  # noqa: E402
 
 from tau2_rl_pipeline.actions import render_assistant_text  # noqa: E402
-from tau2_rl_pipeline.engines import sglang_generate_payload  # noqa: E402
+from tau2_rl_pipeline.engines import sglang_generate_body  # noqa: E402
 from tau2_rl_pipeline.prompting import (  # noqa: E402
     agent_system_prompt,
     assistant_chat_message,
@@ -121,7 +121,7 @@ def steps(tokenizer, size: int, sampling) -> tuple[dict, dict]:
         buf.add_policy(sampled, logprobs)
         buf.add_observation(template.delta_ids(observation))
         t0 = time.perf_counter()
-        json.dumps(sglang_generate_payload(buf.all_ids(), sampling))
+        sglang_generate_body(buf.all_ids(), sampling)
         return time.perf_counter() - t0
 
     # the two ways must give the same ids, or the comparison means nothing

@@ -118,6 +118,11 @@ def sglang_generate_payload(input_ids: list[int], sampling: SamplingParams) -> d
     return {"input_ids": list(input_ids), "sampling_params": params, "return_logprob": True}
 
 
+def sglang_generate_body(input_ids: list[int], sampling: SamplingParams) -> bytes:
+    """The request body as sent: compact JSON of the payload (every prompt id, on every turn)."""
+    return json.dumps(sglang_generate_payload(input_ids, sampling), separators=(",", ":")).encode()
+
+
 def parse_generate_response(body: Any) -> GenerateResult:
     """Read ids, log-probs and finish reason from a `/generate` response; ValueError names what is malformed."""
     if isinstance(body, list):  # SGLang answers a batch with a list; we always send one prompt
@@ -223,7 +228,7 @@ class SGLangEngine:
             return response.status, await response.read()
 
     async def generate(self, input_ids: list[int], sampling: SamplingParams) -> GenerateResult:
-        body = json.dumps(sglang_generate_payload(input_ids, sampling), separators=(",", ":")).encode()
+        body = sglang_generate_body(input_ids, sampling)
         attempts = self.max_retries + 1
         last_error = ""
         for attempt in range(attempts):

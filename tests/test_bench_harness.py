@@ -10,12 +10,12 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.parametrize("workers", ["0", "4"])
-def test_harness_bench_runs_every_episode_to_completion(workers):
+@pytest.mark.parametrize("workers,procs", [("0", "1"), ("4", "1"), ("0", "2")])
+def test_harness_bench_runs_every_episode_to_completion(workers, procs):
     out = subprocess.run([sys.executable, str(ROOT / "bench" / "harness.py"), "--episodes", "12", "--concurrency", "4",
-                          "--latency", "0.01", "--workers", workers], capture_output=True, text=True, timeout=300,
-                         check=True).stdout
+                          "--latency", "0.01", "--workers", workers, "--procs", procs], capture_output=True, text=True,
+                         timeout=300, check=True).stdout
     rows = dict(tuple(cell.strip() for cell in line.strip("| ").split(" | ", 1)) for line in out.splitlines()[2:])
     assert rows["statuses"] == "completed 12"
     assert rows["generate calls"] == "36 (episode turns 36)"  # 2 tool turns + the closing reply each
-    assert rows["domain (environments) / episode_workers / gc.freeze"] == f"mock (fast_env) / {workers} / yes"
+    assert rows["domain (environments) / episode_workers / gc.freeze / processes"] == f"mock (fast_env) / {workers} / yes / {procs}"
