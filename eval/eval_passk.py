@@ -37,6 +37,7 @@ from eval import backends
 from eval.backends import SetupError
 from eval.episodes_file import EpisodesFile, EpisodesFileError, Key, atomic_write_text, pick_records, secret_values
 from eval.runner import run_episodes
+from eval.shards import ShardError, run_sharded
 from tau2_rl_pipeline.config import ConfigError, Tau2Config, add_config_args, config_from_args
 from tau2_rl_pipeline.engines import SamplingParams
 from tau2_rl_pipeline.tasks import TaskLookupError, check_split, load_tasks
@@ -79,7 +80,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--user", choices=USER_KINDS, default="llm",
                    help="llm = tau2's user simulator (--user-model, --user-api-base); scripted = offline "
                         "ScriptedUser (no LLM: plumbing check, not a tau2 score)")
-    g.add_argument("--concurrency", type=int, default=32, help="episodes in flight at once")
+    g.add_argument("--concurrency", type=int, default=32, help="episodes in flight at once (over all --procs)")
+    g.add_argument("--procs", type=int, default=1,
+                   help="rollout processes sharing the episodes and the concurrency (--backend sglang): one "
+                        "process's CPU caps its episode rate (bench/README.md, P2)")
     g.add_argument("--output", type=Path, default=Path("outputs/eval/passk.json"), help="summary JSON path")
     g.add_argument("--resume", action=argparse.BooleanOptionalAction, default=True,
                    help="continue <output>.episodes.jsonl when it exists: finished episodes are kept, aborted "
@@ -159,7 +163,7 @@ def run_settings(args: argparse.Namespace, cfg: Tau2Config, sampling: SamplingPa
         "sampling": {"temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": sampling.top_k,
                      "max_new_tokens": sampling.max_new_tokens, "stop_token_ids": list(sampling.stop_token_ids)},
         "seed": args.seed, "max_turns": cfg.max_turns, "max_steps": cfg.max_steps, "max_errors": cfg.max_errors,
-        "max_context_len": cfg.max_context_len, "concurrency": args.concurrency,
+        "max_context_len": cfg.max_context_len, "concurrency": args.concurrency, "procs": args.procs,
         "partial": {"weights": list(cfg.partial_weights), "telecom_weights": list(cfg.telecom_partial_weights),
                     "use_telecom_weights": cfg.use_telecom_weights},
     }
@@ -230,6 +234,10 @@ def prepare(args: argparse.Namespace) -> tuple[Plan, Tau2Config, SamplingParams,
     args.task_id_list = _csv(args.task_ids) if args.task_ids else None
     if args.concurrency < 1:
         raise ValueError(f"--concurrency must be >= 1, got {args.concurrency}")
+    if args.procs < 1 or args.procs > args.concurrency:
+        raise ValueError(f"--procs must be between 1 and --concurrency ({args.concurrency}), got {args.procs}")
+    if args.procs > 1 and args.backend != "sglang":
+        raise ValueError("--procs > 1 needs --backend sglang (the local engine lives in one process)")
     if args.output.is_dir():
         raise ValueError(f"--output {args.output} is a directory; pass a file path such as {args.output}/passk.json")
     if args.max_new_tokens < 1:
@@ -388,7 +396,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     gc.freeze()
     try:
         with progress:
-            asyncio.run(_evaluate(pending, args, setup, cfg, sampling, on_done))
+            if args.procs > 1:
+                run_sharded(pending, procs=args.procs, sglang_url=args.sglang_url, tokenizer=setup["tokenizer"],
+                            user_kind=args.user, cfg=cfg, sampling=sampling, seed=args.seed,
+                            concurrency=args.concurrency, on_done=on_done)
+            else:
+                asyncio.run(_evaluate(pending, args, setup, cfg, sampling, on_done))
+    except ShardError as e:
+        print(f"error: {e}; the {len(new)} episodes finished in this run are saved in {paths['episodes']}: rerun the "
+              "same command to resume", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print(f"interrupted: {len(new)} episodes finished in this run are saved in {paths['episodes']}; "
               "rerun the same command to resume", file=sys.stderr)

@@ -248,6 +248,24 @@ def test_sigkill_then_resume_equals_an_uninterrupted_run(tiny_engine, tiny_small
     assert resumed["metrics"] == json.loads(full.read_text())["metrics"]
 
 
+def test_two_rollout_processes_write_the_run_of_one(tiny_engine, tiny_small_dir: Path, tmp_path: Path) -> None:
+    with LoopbackServer(tiny_engine) as server:
+        base = ["--backend", "sglang", "--sglang-url", server.base_url, "--hf-checkpoint", str(tiny_small_dir),
+                *SMALL, "--concurrency", "4", "--seed", "7"]
+        runs = {}
+        for procs in ("1", "2"):
+            runs[procs] = tmp_path / procs / "run.json"
+            rc, _, err = run_cli(*base, "--procs", procs, "--output", str(runs[procs]))
+            assert rc == 0, err
+    one, two = (json.loads(runs[p].read_text()) for p in ("1", "2"))
+    assert two["settings"]["procs"] == 2 and two["episodes"]["ran_this_invocation"] == 18
+    lines = episode_lines(outputs(runs["2"], ["mock"])["episodes"])
+    assert len(lines) == len({episode_key(r) for r in lines}) == 18  # one writer: every episode once
+    assert ({k: outcome(r) for k, r in read_episodes(outputs(runs["2"], ["mock"])["episodes"]).items()}
+            == {k: outcome(r) for k, r in read_episodes(outputs(runs["1"], ["mock"])["episodes"]).items()})
+    assert two["metrics"] == one["metrics"]
+
+
 # ---------------------------------------------------------------------------------------------------
 # tau2 agrees on real successes, and re-scores the results file from its messages
 
@@ -358,7 +376,8 @@ def _free_port() -> int:
 
 
 @pytest.mark.parametrize("case", ["no_url", "unreachable_url", "no_api_key", "unknown_domain", "unknown_task",
-                                  "unknown_split", "no_gpu", "bad_tokenizer", "not_a_hub_id"])
+                                  "unknown_split", "no_gpu", "bad_tokenizer", "not_a_hub_id", "procs_local",
+                                  "procs_over_concurrency"])
 def test_setup_errors_are_one_line_and_write_nothing(case: str, tiny_small_dir: Path, tmp_path: Path,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ("OPENAI_API_KEY", "TAU2_USER_API_BASE", "TAU2_USER_MODEL"):
@@ -377,6 +396,9 @@ def test_setup_errors_are_one_line_and_write_nothing(case: str, tiny_small_dir: 
         "bad_tokenizer": ([*local, *SMALL, "--tokenizer", str(tmp_path)], "cannot load a tokenizer there"),
         "not_a_hub_id": (["--backend", "local", "--model", str(tmp_path / "nowhere"), *SMALL],
                          "no such directory, and not a hub repo id"),
+        "procs_local": ([*local, *SMALL, "--procs", "2"], "--procs > 1 needs --backend sglang"),
+        "procs_over_concurrency": ([*local, *SMALL, "--procs", "5", "--concurrency", "4"],
+                                   "--procs must be between 1 and --concurrency (4), got 5"),
     }[case]
     if case == "no_gpu":
         import torch
