@@ -41,6 +41,9 @@ class ObservationTemplate:
         self.end_of_turn_id = tokenizer.convert_tokens_to_ids(self.end_of_turn)
         self._system_turns: dict[tuple[str, str], tuple[int, ...] | None] = {}
         self._lock = threading.Lock()
+        # A fast tokenizer's Rust encoder, called directly: the same ids as tokenizer.encode without transformers'
+        # per-call wrapper (~0.06 ms, a third of a short observation's encode); encode_batch releases the GIL.
+        self._backend = getattr(tokenizer, "backend_tokenizer", None)
 
     def delta_text(self, observations: list[dict]) -> str:
         full = self.tokenizer.apply_chat_template(_ANCHOR + observations, tokenize=False, add_generation_prompt=True)
@@ -80,6 +83,8 @@ class ObservationTemplate:
         return [*head, *self._encode(text[cut:])] if fits else self._encode(text)
 
     def _encode(self, text: str) -> list[int]:
+        if self._backend is not None:
+            return self._backend.encode_batch([text], add_special_tokens=False)[0].ids
         return self.tokenizer.encode(text, add_special_tokens=False)
 
 

@@ -19,9 +19,13 @@ def _whole(tokenizer, chat, tools):
     return tokenizer.encode(render(tokenizer, chat, tools, add_generation_prompt=True), add_special_tokens=False)
 
 
+@pytest.mark.parametrize("encoder", ["rust", "transformers"])
 @pytest.mark.parametrize("domain", ["airline", "retail", "telecom", "mock"])
-def test_first_prompts_with_a_cached_system_turn_equal_whole_tokenization(qwen3_tokenizer, domain):
+def test_first_prompts_with_a_cached_system_turn_equal_whole_tokenization(qwen3_tokenizer, domain, encoder):
     template = ObservationTemplate(qwen3_tokenizer)
+    assert template._backend is not None
+    if encoder == "transformers":  # what a tokenizer without a Rust backend goes through
+        template._backend = None
     tasks = [t for t in load_tasks(domain, "base" if domain == "mock" else "test")
              if not (t.initial_state and t.initial_state.message_history)][:4]
     prompts = [_first_chat(domain, t) for t in tasks]
