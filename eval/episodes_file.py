@@ -24,6 +24,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from tau2_rl_pipeline.files import atomic_write_bytes
+
 FORMAT = 1
 HEADER_KEY = "header"
 # The rule of scripts/common.sh: the word ends the name (OPENAI_API_KEY, HF_TOKEN; not MAX_TOKENS_PER_GPU).
@@ -122,15 +124,6 @@ def settings_mismatch(stored: Mapping[str, Any], current: Mapping[str, Any]) -> 
 def atomic_write_text(path: Path, text: str, secrets: Iterable[str] = ()) -> None:
     """Write beside `path`, fsync, rename over it: a reader never sees half a file, a crash leaves the old one."""
     atomic_write_bytes(path, redact(text, secrets).encode("utf-8"))
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 class EpisodesFile:

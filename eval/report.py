@@ -18,7 +18,8 @@ from typing import Any
 
 from rich.table import Table
 
-from eval.episodes_file import atomic_write_bytes, atomic_write_text
+from eval.episodes_file import atomic_write_text
+from tau2_rl_pipeline.files import atomic_write_bytes
 
 SCRIPTED_CAVEAT = "scripted user: a plumbing check, not a tau2 score"
 

@@ -8,7 +8,6 @@ counts are saved, so a resumed run may change them.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import random
@@ -16,6 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from tau2_rl_pipeline.config import Tau2Config
+from tau2_rl_pipeline.files import atomic_write_bytes
 
 STATE_FILE = "curriculum_state.json"
 _FORMAT_VERSION = 1
@@ -101,27 +101,8 @@ class CurriculumTracker:
         }
 
     def save(self, path: str | os.PathLike) -> None:
-        """Write the counts atomically: a temp file in the same directory, fsync, os.replace, fsync the
-        directory. Readers see the old file or the new one, never a torn one. The temp file has a fixed name
-        (one writer per state file), so a save killed midway leaves at most one behind, overwritten next time."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp")
-        try:
-            with open(tmp, "w", encoding="utf-8") as fh:
-                json.dump(self.to_dict(), fh, indent=1)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-            raise
-        dir_fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        """Write the counts atomically (files.atomic_write_bytes): readers see the old file or the new one."""
+        atomic_write_bytes(path, json.dumps(self.to_dict(), indent=1).encode("utf-8"))
 
     @classmethod
     def load(cls, path: str | os.PathLike, cfg: Tau2Config) -> CurriculumTracker:

@@ -23,7 +23,6 @@ import time
 import weakref
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 from tau2.data_model.simulation import RewardInfo, TerminationReason
 from tau2.data_model.tasks import Task
@@ -33,7 +32,7 @@ from tau2.user.base import BaseUser
 from tau2_rl_pipeline.config import Tau2Config
 from tau2_rl_pipeline.engines import Engine, EngineError, SamplingParams
 from tau2_rl_pipeline.env import Episode, UserSideError
-from tau2_rl_pipeline.prompting import render, to_agent_chat
+from tau2_rl_pipeline.prompting import to_agent_chat
 from tau2_rl_pipeline.tokens import ObservationTemplate, TokenBuffer
 
 COMPLETED, TRUNCATED, ABORTED = "completed", "truncated", "aborted"

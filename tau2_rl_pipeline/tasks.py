@@ -13,12 +13,12 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import tau2_rl_pipeline  # noqa: F401  (quiet logging, offline litellm before tau2 loads)
+from tau2_rl_pipeline.files import atomic_write_bytes
 
 if TYPE_CHECKING:
     from tau2.data_model.tasks import Task
@@ -98,13 +98,7 @@ def task_rows(domain: str, split: str) -> list[dict]:
 
 def write_jsonl(path: Path, rows: list[dict]) -> None:
     """Write rows atomically so a killed run never leaves a half-written prompt file behind."""
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        for row in rows:
-            f.write(json.dumps(row, ensure_ascii=False) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    atomic_write_bytes(path, "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows).encode("utf-8"))
 
 
 def write_task_index(local_dir: str | Path, domains: list[str], splits: list[str]) -> dict[str, int]:
