@@ -54,6 +54,8 @@ def _shard(index: int, episodes: list, sglang_url: str, tokenizer: Any, user_kin
     gc.freeze()  # as the parent does: what is loaded now lives for the whole run
     try:
         asyncio.run(go())
+    except KeyboardInterrupt:  # Ctrl-C reaches every process of the group: the parent reports it
+        return
     except BaseException as e:  # noqa: BLE001 -- reported to the parent, which ends the run with it
         out.put(("done", index, f"{type(e).__name__}: {e}".splitlines()[0][:500]))
         raise
