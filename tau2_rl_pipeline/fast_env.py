@@ -16,7 +16,8 @@ registry builds with `fast_environment` under the name `fast_domain(domain)`. Wh
   Other databases (telecom's lists, 10 kB) are unpickled whole for each environment.
 - The DB hash. tau2 hashes `json.dumps(db.model_dump(), sort_keys=True, default=str)`; `_SharedTable` keeps
   that JSON for every parsed record and rebuilds only the records an environment looked up: same string, same
-  digest, a few milliseconds instead of ~0.1 s.
+  digest, a few milliseconds instead of ~0.1 s. The digest is remembered by those records' JSON, so a state seen
+  before (every replay of a task's gold actions) is not hashed again.
 - `get_tools()`. Tools (and their OpenAI schemas) are built once per toolkit class and rebound to the calling
   toolkit, instead of on every call (~18 ms, plus ~13 ms of schemas, per airline episode setup).
 
@@ -204,11 +205,12 @@ class _SharedDB:
             digest.update(self.tables[name].canonical(change))
             digest.update(b"}")
         digest.update(b"}")
+        hexdigest = digest.hexdigest()
         with self._digests_lock:
             if len(self._digests) >= DIGESTS_KEPT:
                 self._digests.pop(next(iter(self._digests)))
-            self._digests[changes] = digest.hexdigest()
-        return self._digests[changes]
+            self._digests[changes] = hexdigest
+        return hexdigest
 
 
 @functools.cache
