@@ -235,21 +235,18 @@ async def run_batch(base_url: str, domain: str, tasks: list, episodes: int, conc
                     cfg) -> dict:
     """`episodes` scripted-user episodes (tasks cycled) through the evaluator's runner, at most `concurrency` in
     flight: wall time, CPU, stalls, GC passes."""
-    from eval.runner import run_episodes
-    from tau2_rl_pipeline.engines import SGLangEngine
+    from eval.runner import run_episodes_on_sglang
     from tau2_rl_pipeline.users import make_user_factory
 
-    engine = SGLangEngine(base_url, max_in_flight=concurrency)
     pending = [(domain, task, i // len(tasks)) for i, task in enumerate(itertools.islice(itertools.cycle(tasks),
                                                                                         episodes))]
     records: list[dict] = []
     cpu0, t0 = time.process_time(), time.perf_counter()
     with Heartbeat() as beat, GcPauses() as gcp:
-        await run_episodes(pending, engine=engine, tokenizer=tokenizer, user_factory=make_user_factory("scripted", cfg),
-                           sampling=policy_sampling(tokenizer), cfg=cfg, seed=0, concurrency=concurrency,
-                           on_done=records.append)
+        await run_episodes_on_sglang(base_url, pending, concurrency=concurrency, tokenizer=tokenizer,
+                                     user_factory=make_user_factory("scripted", cfg),
+                                     sampling=policy_sampling(tokenizer), cfg=cfg, seed=0, on_done=records.append)
     wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
-    await engine.aclose()
     statuses = {s: sum(r["status"] == s for r in records) for s in {r["status"] for r in records}}
     phases = {k: statistics.mean(r["timings"].get(k, 0.0) for r in records) for k in ("env_s", "tokenize_s", "eval_s")}
     return {"wall_s": wall, "cpu_s": cpu, "turns": sum(r["turns"] for r in records), "statuses": statuses,

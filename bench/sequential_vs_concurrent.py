@@ -25,28 +25,24 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from harness import TOOL, CannedSGLang, load_tokenizer, policy_sampling  # noqa: E402
 
-from eval.runner import run_episodes  # noqa: E402
+from eval.runner import run_episodes_on_sglang  # noqa: E402
 from tau2_rl_pipeline.config import Tau2Config  # noqa: E402
-from tau2_rl_pipeline.engines import SGLangEngine  # noqa: E402
 from tau2_rl_pipeline.tasks import load_tasks  # noqa: E402
 from tau2_rl_pipeline.users import make_user_factory  # noqa: E402
 
 
 async def evaluate(base_url: str, pending: list, tokenizer, concurrency: int, cfg: Tau2Config) -> tuple[float, dict]:
     """Wall seconds of one evaluation and each episode's (reward, status) by (domain, task, sample)."""
-    engine = SGLangEngine(base_url, max_in_flight=concurrency)
     records: dict = {}
 
     def on_done(rec: dict) -> None:
         records[(rec["domain"], rec["task_id"], rec["sample"])] = (rec["reward"], rec["status"])
 
     t0 = time.perf_counter()
-    await run_episodes(pending, engine=engine, tokenizer=tokenizer, user_factory=make_user_factory("scripted", cfg),
-                       sampling=policy_sampling(tokenizer), cfg=cfg, seed=0, concurrency=concurrency,
-                       on_done=on_done)
-    wall = time.perf_counter() - t0
-    await engine.aclose()
-    return wall, records
+    await run_episodes_on_sglang(base_url, pending, concurrency=concurrency, tokenizer=tokenizer,
+                                 user_factory=make_user_factory("scripted", cfg), sampling=policy_sampling(tokenizer),
+                                 cfg=cfg, seed=0, on_done=on_done)
+    return time.perf_counter() - t0, records
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -36,7 +36,7 @@ import tau2_rl_pipeline  # noqa: F401  (offline litellm and quiet tau2 logging b
 from eval import backends
 from eval.backends import SetupError
 from eval.episodes_file import EpisodesFile, EpisodesFileError, Key, atomic_write_text, pick_records, secret_values
-from eval.runner import run_episodes
+from eval.runner import run_episodes, run_episodes_on_sglang
 from eval.shards import ShardError, run_sharded
 from tau2_rl_pipeline.config import ConfigError, Tau2Config, add_config_args, config_from_args
 from tau2_rl_pipeline.engines import SamplingParams
@@ -174,18 +174,12 @@ def run_settings(args: argparse.Namespace, cfg: Tau2Config, sampling: SamplingPa
 
 async def _evaluate(pending: Sequence[tuple[str, Any, int]], args: argparse.Namespace, setup: dict[str, Any],
                     cfg: Tau2Config, sampling: SamplingParams, on_done: Callable[[dict], None]) -> None:
-    engine = setup.get("engine")
+    common = dict(tokenizer=setup["tokenizer"], user_factory=setup["user_factory"], sampling=sampling, cfg=cfg,
+                  seed=args.seed, concurrency=args.concurrency, on_done=on_done)
     if args.backend == "sglang":
-        from tau2_rl_pipeline.engines import SGLangEngine
-
-        engine = SGLangEngine(args.sglang_url, max_in_flight=max(1, args.concurrency))  # owned by this loop
-    try:
-        await run_episodes(pending, engine=engine, tokenizer=setup["tokenizer"], user_factory=setup["user_factory"],
-                           sampling=sampling, cfg=cfg, seed=args.seed, concurrency=args.concurrency,
-                           on_done=on_done)
-    finally:
-        if args.backend == "sglang":
-            await engine.aclose()
+        await run_episodes_on_sglang(args.sglang_url, pending, **common)
+    else:
+        await run_episodes(pending, engine=setup["engine"], **common)
 
 
 # ---------------------------------------------------------------------------------------------------

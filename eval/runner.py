@@ -20,7 +20,7 @@ from typing import Any
 from tau2.utils.utils import get_now
 
 from tau2_rl_pipeline.config import Tau2Config
-from tau2_rl_pipeline.engines import SamplingParams
+from tau2_rl_pipeline.engines import SamplingParams, SGLangEngine
 from tau2_rl_pipeline.env import build_environment
 from tau2_rl_pipeline.reward import partial_score
 from tau2_rl_pipeline.rollout import Trajectory, off_loop, run_episode, shared_executor
@@ -49,7 +49,7 @@ def episode_record(traj: Trajectory, *, sample: int, seed: int, started_at: str,
                    "policy": sum(traj.loss_mask)},
         "timings": traj.timings, "started_at": started_at, "ended_at": ended_at,
         "reward_info": traj.reward_info.model_dump(mode="json") if traj.reward_info is not None else None,
-        "messages": traj.messages,
+        "messages": [m.model_dump(mode="json") for m in traj.messages],
     }
 
 
@@ -97,3 +97,14 @@ async def run_episodes(pending: Sequence[tuple[str, Any, int]], *, engine: Any, 
             on_done(record)
 
     await asyncio.gather(*(one(d, t, s) for d, t, s in pending))
+
+
+async def run_episodes_on_sglang(sglang_url: str, pending: Sequence[tuple[str, Any, int]], *, concurrency: int,
+                                 **kwargs: Any) -> None:
+    """`run_episodes` against an SGLangEngine made and closed on this event loop (its HTTP session belongs to
+    the loop), with at most `concurrency` requests in flight."""
+    engine = SGLangEngine(sglang_url, max_in_flight=concurrency)
+    try:
+        await run_episodes(pending, engine=engine, concurrency=concurrency, **kwargs)
+    finally:
+        await engine.aclose()

@@ -37,23 +37,16 @@ def split(pending: Sequence[Any], concurrency: int, procs: int) -> list[tuple[li
 def _shard(index: int, episodes: list, sglang_url: str, tokenizer: Any, user_kind: str, cfg: Tau2Config,
            sampling: SamplingParams, seed: int, concurrency: int, out: Any) -> None:
     """One rollout process: its episodes through `run_episodes`, each record onto `out`, then ("done", error)."""
-    from eval.runner import run_episodes
-    from tau2_rl_pipeline.engines import SGLangEngine
+    from eval.runner import run_episodes_on_sglang
     from tau2_rl_pipeline.users import make_user_factory
-
-    async def go() -> None:
-        engine = SGLangEngine(sglang_url, max_in_flight=concurrency)
-        try:
-            await run_episodes(episodes, engine=engine, tokenizer=tokenizer, user_factory=make_user_factory(
-                user_kind, cfg), sampling=sampling, cfg=cfg, seed=seed, concurrency=concurrency,
-                on_done=lambda record: out.put(("record", index, record)))
-        finally:
-            await engine.aclose()
 
     gc.collect()
     gc.freeze()  # as the parent does: what is loaded now lives for the whole run
     try:
-        asyncio.run(go())
+        asyncio.run(run_episodes_on_sglang(
+            sglang_url, episodes, concurrency=concurrency, tokenizer=tokenizer,
+            user_factory=make_user_factory(user_kind, cfg), sampling=sampling, cfg=cfg, seed=seed,
+            on_done=lambda record: out.put(("record", index, record))))
     except KeyboardInterrupt:  # Ctrl-C reaches every process of the group: the parent reports it
         return
     except BaseException as e:  # noqa: BLE001 -- reported to the parent, which ends the run with it

@@ -24,6 +24,7 @@ import weakref
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 
+from tau2.data_model.message import Message
 from tau2.data_model.simulation import RewardInfo, TerminationReason
 from tau2.data_model.tasks import Task
 from tau2.environment.environment import Environment
@@ -50,7 +51,7 @@ class Trajectory:
     rollout_logprobs: list[float]
     chat: list[dict]  # the agent's view: system prompt, then the conversation as chat messages
     tools: list[dict]
-    messages: list[dict]  # tau2's full trajectory (both sides, user device calls included)
+    messages: list[Message]  # tau2's full trajectory (both sides, user device calls included)
     reward_info: RewardInfo | None
     termination_reason: str
     status: str  # completed | truncated | aborted
@@ -220,7 +221,7 @@ async def run_episode(
         rollout_logprobs=buf.logprobs,
         chat=[system, *episode.agent_view()],
         tools=episode.tools,
-        messages=[m.model_dump(mode="json") for m in episode.messages],
+        messages=list(episode.messages),  # dumped to JSON only where a record needs them (eval/runner.py)
         reward_info=reward_info,
         termination_reason=reason or "unknown",
         status=status,
