@@ -73,7 +73,7 @@ def test_bad_outputs_in_live_episodes_are_scored_as_the_models_and_never_crash(o
         assert t.status in (COMPLETED, TRUNCATED) and t.reward_info is not None, t.error
         assert len(t.loss_mask) == len(t.response_ids) == len(t.rollout_logprobs)
         # text that looks like chat markup stays text inside the agent's own turn: no injected system turn
-        assert {m["role"] for m in t.messages} <= {"assistant", "user", "tool"}
+        assert {m.role for m in t.messages} <= {"assistant", "user", "tool"}
     assert sum(t.parse_errors for t in trajectories) > 0 and sum(t.refused_calls for t in trajectories) > 0
 
 
