@@ -106,6 +106,23 @@ def test_merge_keeps_seed_rows_first_and_drops_repeated_conversations():
     assert merged == unique and dropped == 2  # the RFT success repeats the oracle demonstration too
 
 
+def test_rows_are_ordered_by_task_and_sample_whatever_order_episodes_finished_in():
+    """The evaluator records episodes as they finish; selection must not depend on that order (bit-reproducible
+    reruns): the same rows, the same sample kept among identical conversations, tasks in id order."""
+    import random
+
+    tasks = [get_task("mock", tid) for tid in ("update_task_1", "create_task_1", "update_task_with_initialization_data")]
+    records = [record("mock", t, demo_turns(t), s) for t in tasks for s in (0, 1)]
+    expected = select_rft(records)
+    assert [r["metadata"]["task_id"] for r in expected] == ["create_task_1", "update_task_1",
+                                                        "update_task_with_initialization_data"]
+    assert all(r["metadata"]["sample"] == 0 for r in expected)  # sample 1 repeats sample 0's conversation
+    rng = random.Random(0)
+    for _ in range(5):
+        shuffled = rng.sample(records, len(records))
+        assert select_rft(shuffled) == expected
+
+
 def test_domain_stats_count_episodes_successes_and_rows(telecom):
     _, _, recs = telecom
     records = [recs["win"], recs["partial"], {**recs["zero"], "status": "aborted"}]
