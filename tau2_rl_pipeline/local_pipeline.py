@@ -5,61 +5,61 @@
 It runs the same episode, rollout, reward shaping, curriculum and group normalization as the slime run; only the
 engine (in-process transformers instead of SGLang) and the trainer (tau2_rl_pipeline.trainer instead of Megatron)
 differ. The user side is the offline ScriptedUser, so the numbers are a plumbing and learning-signal check, not
-tau2 scores. Each stage writes its output under --out and is skipped when that output exists (rerun to resume).
+tau2 scores. Each stage's output under --out is recorded with the settings that made it (stage_book.py): a rerun
+skips what is done with the same settings (and says so), resumes what is unfinished (an evaluation's episodes,
+GRPO's finished steps) and redoes what other settings change.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
-import random
+import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
-from enum import Enum
+from dataclasses import asdict
 from pathlib import Path
 
 from rich.console import Console
 
-from tau2_rl_pipeline.config import Tau2Config, add_config_args, config_from_args
-from tau2_rl_pipeline.curriculum import CurriculumTracker
-from tau2_rl_pipeline.engines import SamplingParams, TransformersEngine
-from tau2_rl_pipeline.reward import post_process, task_key
+from tau2_rl_pipeline.config import ConfigError, Tau2Config, add_config_args, config_from_args
+from tau2_rl_pipeline.demo_report import (
+    grpo_summary,
+    print_stage_table,
+    stage_numbers,
+    summary_lines,
+    write_charts,
+)
+from tau2_rl_pipeline.files import atomic_write_bytes
+from tau2_rl_pipeline.local_grpo import GrpoSettings, grpo_stage
 from tau2_rl_pipeline.rft import select_rft
-from tau2_rl_pipeline.rollout import run_episode
 from tau2_rl_pipeline.sft_data import oracle_demonstrations
-from tau2_rl_pipeline.slime_adapter import fill_sample
-from tau2_rl_pipeline.tasks import DOMAINS, TaskLookupError, check_split, load_tasks
-from tau2_rl_pipeline.trainer import LocalTrainer, TrainConfig, examples_from_trajectory, sft_example_from_chat
-from tau2_rl_pipeline.users import ScriptedUser
+from tau2_rl_pipeline.stage_book import SKIP, StageBook, StaleOutputError
+from tau2_rl_pipeline.tasks import DOMAINS, TaskLookupError, check_split
+from tau2_rl_pipeline.trainer import LocalTrainer, TrainConfig, sft_example_from_chat
 
 ROOT = Path(__file__).resolve().parents[1]
-STAGES = ("base", "sft", "rft", "grpo")
 DEMO_MAX_TURNS = 8  # unless --max-turns or TAU2_MAX_TURNS say otherwise: mock tasks take 2-3 policy turns
+DEMO_TASK_SAMPLER = "learning_value"  # unless --task-sampler or TAU2_TASK_SAMPLER say otherwise (see main)
+# Config fields that change how fast episodes run, or the LLM user the scripted user replaces, never an outcome.
+NOT_OUTCOME = {"episode_workers", "fast_env", "user_model", "user_api_base", "user_temperature", "user_max_retries",
+               "user_timeout_s", "curriculum_state_path"}
 console = Console(stderr=True)
 
 
-# -- a Sample for the local path: the fields the shared reward code reads and writes ------------------------------
-@dataclass
-class LocalSample:
-    class Status(Enum):
-        COMPLETED = "completed"
-        TRUNCATED = "truncated"
-        ABORTED = "aborted"
+def say(line: str) -> None:
+    """One progress line on stderr, unwrapped and flushed (a log reads it as it comes)."""
+    print(line, file=sys.stderr, flush=True)
 
-    prompt: str = ""
-    tokens: list[int] = field(default_factory=list)
-    response: str = ""
-    response_length: int = 0
-    reward: float | None = None
-    loss_mask: list[int] | None = None
-    rollout_log_probs: list[float] | None = None
-    remove_sample: bool = False
-    status: Status = Status.COMPLETED
-    metadata: dict = field(default_factory=dict)
+
+class StageFailed(RuntimeError):
+    """A stage's subprocess failed or was interrupted; it has said why on stderr already."""
+
+    def __init__(self, message: str, returncode: int):
+        super().__init__(message)
+        self.returncode = returncode
 
 
 # -- stages ----------------------------------------------------------------------------------------------------
@@ -98,16 +98,45 @@ def sft_stage(args, start: Path, rows: list[dict], dest: Path, out: Path, lr: fl
 
 def evaluate_stage(args, model_dir: Path, out: Path, stage: str, num_samples: int, temperature: float,
                    split: str, output_name: str | None = None) -> dict:
-    """Run eval/eval_passk.py on a checkpoint (its own process: the same CLI users run)."""
-    output = out / "eval" / f"{output_name or stage}.json"
+    """Run eval/eval_passk.py on a checkpoint (its own process: the same CLI users run; it resumes its own
+    episode file)."""
+    output = eval_output(out, output_name or stage)
     cmd = [sys.executable, "-m", "eval.eval_passk", "--backend", "local", "--model", str(model_dir),
            "--device", args.device, "--user", "scripted", "--domains", args.domain, "--task-split", split,
            "--num-samples", str(num_samples), "--temperature", str(temperature), "--top-p", "1.0", "--top-k", "-1",
            "--max-new-tokens", str(args.max_new_tokens), "--max-turns", str(args.max_turns),
            "--seed", str(args.seed), "--concurrency", "8", "--output", str(output)]
     console.print(f"[bold]evaluate {stage}[/bold]: python {' '.join(cmd[1:])}")
-    subprocess.run(cmd, check=True, cwd=ROOT)
+    run_child(cmd, f"evaluation of {stage}")
     return json.loads(output.read_text())
+
+
+def run_child(cmd: list[str], what: str) -> None:
+    """Run a child process to the end. Ctrl-C reaches it too (same process group): it reports what it kept in one
+    line and exits, and this process then stops without a line of its own."""
+    proc = subprocess.Popen(cmd, cwd=ROOT)
+    try:
+        code = proc.wait()
+    except KeyboardInterrupt:
+        try:
+            code = proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            code = proc.wait()
+        raise StageFailed("", 130) from None
+    if code == -signal.SIGINT or code == 130:
+        raise StageFailed("", 130)
+    if code != 0:
+        raise StageFailed(f"{what} failed (exit {code}); see its messages above", code)
+
+
+def eval_output(out: Path, name: str) -> Path:
+    return out / "eval" / f"{name}.json"
+
+
+def eval_files(out: Path, name: str) -> list[Path]:
+    """Every file the evaluator writes for the output `name` (summary, episodes, chart, tau2 results)."""
+    return sorted((out / "eval").glob(f"{name}.*"))
 
 
 def rft_stage(args, sft_dir: Path, out: Path, split: str) -> tuple[list[dict], dict]:
@@ -116,149 +145,10 @@ def rft_stage(args, sft_dir: Path, out: Path, split: str) -> tuple[list[dict], d
 
     summary = evaluate_stage(args, sft_dir, out, "rft-sampling", args.rft_samples, args.rft_temperature, split,
                              output_name="rft_samples")
-    records = list(read_episodes(out / "eval" / "rft_samples.json.episodes.jsonl").values())
+    records = list(read_episodes(eval_output(out, "rft_samples").with_suffix(".json.episodes.jsonl")).values())
     rows = select_rft(records, allow_partial=False)
     return rows, {"sampled_episodes": len(records), "kept": len(rows),
                   "sampling": stage_numbers(summary, args.domain)}
-
-
-async def _grpo_rollouts(domain: str, engine, tokenizer, tasks, n: int, sampling: SamplingParams,
-                         cfg: Tau2Config, seed: int):
-    """n episodes per task, in task order (slime's group layout), each with its own sampling seed."""
-    return await asyncio.gather(*[
-        run_episode(domain, task, engine, tokenizer, ScriptedUser(task),
-                    SamplingParams(**{**sampling.__dict__, "seed": seed + g * n + i}), cfg)
-        for g, task in enumerate(tasks) for i in range(n)])
-
-
-def grpo_stage(args, start: Path, dest: Path, out: Path, cfg: Tau2Config, split: str) -> list[dict]:
-    """GRPO on the local engine: sample groups, shape and normalize rewards as slime does, one PPO-clip step each."""
-    trainer = LocalTrainer(start, TrainConfig(
-        log_jsonl=out / "metrics.jsonl", lr=args.grpo_lr, device=args.device, seed=args.seed,
-        micro_batch_size=args.micro_batch_size, weight_decay=0.0, kl_coef=args.kl_coef,
-        entropy_coef=args.entropy_coef, rollout_temperature=args.grpo_temperature,
-        wandb_project=args.wandb_project))
-    engine = TransformersEngine(trainer.model, trainer.tokenizer, device=args.device)
-    tasks = {t.id: t for t in load_tasks(args.domain, split)}
-    keys = [f"{args.domain}/{tid}" for tid in tasks]
-    tracker_path = out / "grpo" / "curriculum_state.json"
-    tracker = CurriculumTracker.restore(cfg, tracker_path if tracker_path.exists() else None)
-    rng = random.Random(args.seed)
-    stop = (trainer.tokenizer.eos_token_id,)
-    sampling = SamplingParams(temperature=args.grpo_temperature, max_new_tokens=args.max_new_tokens,
-                              stop_token_ids=stop)
-    history = []
-    for step in range(args.grpo_steps):
-        if cfg.task_sampler == "learning_value":
-            chosen = tracker.draw(keys, min(args.grpo_tasks_per_step, len(keys)), rng)
-        else:
-            chosen = rng.sample(keys, min(args.grpo_tasks_per_step, len(keys)))
-        batch = [tasks[k.split("/", 1)[1]] for k in chosen]
-        trainer.model.eval()
-        t0 = time.perf_counter()
-        trajs = asyncio.run(_grpo_rollouts(args.domain, engine, trainer.tokenizer, batch, args.grpo_n, sampling, cfg,
-                                           args.seed * 1000 + step * 100))
-        rollout_s = time.perf_counter() - t0
-        samples = [fill_sample(LocalSample(), t, cfg, trainer.tokenizer) for t in trajs]
-        zero_before = tracker.zero_signal_groups
-        raw, advantages = post_process(samples, args.grpo_n, cfg, tracker)
-        examples = [examples_from_trajectory(t.prompt_ids, t.response_ids, t.loss_mask, t.rollout_logprobs, a)
-                    for t, s, a in zip(trajs, samples, advantages) if not s.remove_sample and a != 0.0]
-        record = {"step": step + 1, "tasks": [task_key(s.metadata) for s in samples[::args.grpo_n]],
-                  "raw_reward_mean": sum(raw) / len(raw),
-                  "shaped_reward_mean": sum(s.reward for s in samples) / len(samples),
-                  "success_rate": sum(r == 1.0 for r in raw) / len(raw),
-                  "groups": len(batch), "groups_without_signal": tracker.zero_signal_groups - zero_before,
-                  "trained_sequences": len(examples), "rollout_s": rollout_s}
-        if examples:  # every group all-equal (all solved or all failed): GRPO has nothing to learn from
-            trainer.model.train()
-            update = trainer.grpo_step(examples)
-            record.update({f"train_{k}": v for k, v in update.items() if isinstance(v, (int, float))})
-        tracker.save(tracker_path)
-        history.append(record)
-        console.print(f"grpo step {step + 1}/{args.grpo_steps}: reward {record['raw_reward_mean']:.3f} "
-                      f"(shaped {record['shaped_reward_mean']:.3f}), {record['groups_without_signal']}/{len(batch)} "
-                      f"groups without signal, trained on {len(examples)} sequences")
-    trainer.save(dest)
-    trainer.close()
-    (out / "grpo_history.json").write_text(json.dumps(history, indent=1))
-    return history
-
-
-# -- report ------------------------------------------------------------------------------------------------------
-def stage_numbers(summary: dict, domain: str) -> dict:
-    """pass@1, pass@k, pass^k (k = samples per task) and mean partial of one domain, each with its counts."""
-    metrics = summary["metrics"]["domains"][domain]["metrics"]
-    ks = sorted(int(name.split("@")[1]) for name in metrics if name.startswith("pass@"))
-    k = ks[-1]
-    return {"k": k, "pass@1": metrics["pass@1"], f"pass@{k}": metrics[f"pass@{k}"],
-            f"pass^{k}": metrics[f"pass^{k}"], "mean_partial": metrics["mean_partial"]}
-
-
-def write_charts(report: dict, out: Path) -> list[Path]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    paths = []
-    history = report.get("grpo", {}).get("history", [])
-    if history:
-        fig, ax = plt.subplots(figsize=(6, 3.5))
-        steps = [h["step"] for h in history]
-        ax.plot(steps, [h["raw_reward_mean"] for h in history], marker="o", label="task reward (tau2)")
-        ax.plot(steps, [h["shaped_reward_mean"] for h in history], marker="s", label="shaped reward")
-        ax.set_xlabel("GRPO step")
-        ax.set_ylabel("mean reward over the step's episodes")
-        paths.append(_finish(fig, ax, f"GRPO on {report['domain']} (scripted user: plumbing check)",
-                             out / "grpo_reward.png"))
-    stages = [s for s in STAGES if s in report["stages"]]
-    if stages:
-        k = report["stages"][stages[0]]["k"]
-        names = ["pass@1", f"pass@{k}", f"pass^{k}"]
-        fig, ax = plt.subplots(figsize=(7, 3.8))
-        width = 0.8 / len(names)
-        for j, name in enumerate(names):
-            entries = [report["stages"][s][name] for s in stages]
-            values = [e["value"] for e in entries]
-            errs = [[v - e["ci"][0] for v, e in zip(values, entries)], [e["ci"][1] - v for v, e in zip(values, entries)]]
-            ax.bar([i + j * width for i in range(len(stages))], values, width, yerr=errs, capsize=3, label=name)
-        labels = [f"{s}\n(T={report['stages'][s]['pass@1']['n_tasks']}, E={report['stages'][s]['pass@1']['n_episodes']})"
-                  for s in stages]
-        ax.set_xticks([i + width * (len(names) - 1) / 2 for i in range(len(stages))], labels)
-        ax.set_ylim(0, 1.05)
-        ax.set_ylabel("rate (95% bootstrap CI over tasks)")
-        paths.append(_finish(fig, ax, f"{report['domain']}: each stage's checkpoint (scripted user, not a tau2 score)",
-                             out / "stages_passk.png"))
-    return paths
-
-
-def _finish(fig, ax, title: str, path: Path) -> Path:
-    import matplotlib.pyplot as plt
-
-    ax.set_title(title)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
-
-
-def print_stage_table(report: dict) -> None:
-    from rich.table import Table
-
-    from tau2_rl_pipeline.metrics import format_metric
-
-    table = Table(title=f"{report['domain']}: pass rates per stage (scripted user: plumbing check, not a tau2 score)")
-    table.add_column("stage")
-    stages = [s for s in STAGES if s in report["stages"]]
-    k = report["stages"][stages[0]]["k"] if stages else 1
-    for name in ("pass@1", f"pass@{k}", f"pass^{k}", "mean_partial"):
-        table.add_column(name)
-    for s in stages:
-        row = report["stages"][s]
-        table.add_row(s, *[format_metric(row[name]) for name in ("pass@1", f"pass@{k}", f"pass^{k}", "mean_partial")])
-    Console().print(table)
 
 
 # -- CLI -----------------------------------------------------------------------------------------------------------
@@ -292,7 +182,7 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("GRPO")
     g.add_argument("--grpo-steps", type=int, default=6)
     g.add_argument("--grpo-tasks-per-step", type=int, default=3)
-    g.add_argument("--grpo-n", type=int, default=4, help="samples per task (the GRPO group)")
+    g.add_argument("--grpo-n", type=int, default=8, help="samples per task (the GRPO group)")
     g.add_argument("--grpo-lr", type=float, default=1e-4)
     g.add_argument("--grpo-temperature", type=float, default=1.0)
     g.add_argument("--kl-coef", type=float, default=0.01, help="low_var_kl to the starting checkpoint")
@@ -302,81 +192,128 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def stage_settings(args, cfg: Tau2Config, split: str, eval_split: str) -> dict[str, dict]:
+    """For each stage and each evaluation, the settings its output depends on, those of earlier stages included."""
+    episodes = {name: value for name, value in asdict(cfg).items() if name not in NOT_OUTCOME}
+    episodes.update(max_new_tokens=args.max_new_tokens)
+    base = {"domain": args.domain, "model": args.model, "tokenizer": args.tokenizer, "hidden_size": args.hidden_size,
+            "num_layers": args.num_layers, "vocab_size": args.vocab_size, "seed": args.seed}
+    sft = {**base, "train_split": split, "sft_epochs": args.sft_epochs, "sft_lr": args.sft_lr,
+           "micro_batch_size": args.micro_batch_size}
+    rft = {**sft, **episodes, "rft_samples": args.rft_samples, "rft_temperature": args.rft_temperature,
+           "rft_epochs": args.rft_epochs, "rft_lr": args.rft_lr}
+    grpo = {**rft, "grpo_steps": args.grpo_steps, "grpo_tasks_per_step": args.grpo_tasks_per_step,
+            "grpo_n": args.grpo_n, "grpo_lr": args.grpo_lr, "grpo_temperature": args.grpo_temperature,
+            "kl_coef": args.kl_coef, "entropy_coef": args.entropy_coef}
+    evaluation = {**episodes, "eval_split": eval_split, "eval_samples": args.eval_samples,
+                  "eval_temperature": args.eval_temperature}
+    made = {"base": base, "sft": sft, "rft": rft, "grpo": grpo}
+    return {**made, **{f"eval {stage}": {**settings, **evaluation} for stage, settings in made.items()}}
+
+
+def run_stages(args, cfg: Tau2Config, split: str, eval_split: str) -> dict:
+    """Every stage in order, each skipped, resumed or redone as its record says; returns the report."""
+    out = args.out
+    book = StageBook(out)
+    settings = stage_settings(args, cfg, split, eval_split)
+    book.refuse_unrecorded([out / "sft", out / "rft", out / "grpo", out / "eval", out / "report.json"])
+    base = prepare_model(args, out)
+    checkpoints = {"base": base, "sft": out / "sft", "rft": out / "rft", "grpo": out / "grpo" / "model"}
+
+    def stage(name: str, outputs: list[Path], work, also_remove: list[Path] = ()):
+        plan = book.plan(name, settings[name], outputs, also_remove)
+        say(plan.message + (f" ({', '.join(map(str, outputs))})" if plan.action == SKIP else ""))
+        if plan.action == SKIP:
+            return plan.result
+        t0 = time.perf_counter()
+        result = work()
+        book.finish(name, {**result, "wall_s": time.perf_counter() - t0})
+        return book.records[name]["result"]
+
+    def evaluated(name: str) -> dict:
+        return stage(f"eval {name}", [eval_output(out, name)], lambda: stage_numbers(evaluate_stage(
+            args, checkpoints[name], out, name, args.eval_samples, args.eval_temperature, eval_split), args.domain),
+            eval_files(out, name))
+
+    report = {"domain": args.domain, "train_split": split, "eval_split": eval_split,
+              "note": "offline scripted user and a tiny model: a plumbing and learning-signal check, not a tau2 score",
+              "settings": settings["grpo"], "stages": {}}
+    report["stages"]["base"] = evaluated("base")
+
+    def sft_work() -> dict:
+        console.rule("SFT on oracle demonstrations")
+        demos = oracle_demonstrations(args.domain, split)
+        return {**sft_stage(args, base, demos, checkpoints["sft"], out, args.sft_lr, args.sft_epochs),
+                "demonstrations": len(demos)}
+
+    report["sft"] = stage("sft", [checkpoints["sft"]], sft_work)
+    report["stages"]["sft"] = evaluated("sft")
+
+    def rft_work() -> dict:
+        console.rule("RFT: sample, keep successes, fine-tune")
+        rows, stats = rft_stage(args, checkpoints["sft"], out, split)
+        merged = rows + oracle_demonstrations(args.domain, split)  # RFT data merged with the seed (the oracle's)
+        return {**stats, **sft_stage(args, checkpoints["sft"], merged, checkpoints["rft"], out, args.rft_lr,
+                                     args.rft_epochs)}
+
+    report["rft"] = stage("rft", [checkpoints["rft"]], rft_work, eval_files(out, "rft_samples"))
+    report["stages"]["rft"] = evaluated("rft")
+
+    def grpo_work() -> dict:
+        console.rule("GRPO")
+        history = grpo_stage(GrpoSettings(
+            domain=args.domain, split=split, steps=args.grpo_steps, tasks_per_step=args.grpo_tasks_per_step,
+            n=args.grpo_n, lr=args.grpo_lr, temperature=args.grpo_temperature, max_new_tokens=args.max_new_tokens,
+            kl_coef=args.kl_coef, entropy_coef=args.entropy_coef, micro_batch_size=args.micro_batch_size,
+            seed=args.seed, device=args.device, wandb_project=args.wandb_project),
+            checkpoints["rft"], checkpoints["grpo"], out / "grpo", cfg, out / "metrics.jsonl", say)
+        return grpo_summary(history)
+
+    report["grpo"] = stage("grpo", [checkpoints["grpo"]], grpo_work, [out / "grpo"])
+    report["stages"]["grpo"] = evaluated("grpo")
+    report["wall_s"] = sum(r.get("wall_s", 0.0) for r in book.records.values() if r.get("result"))
+    return report
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.max_turns is None and "TAU2_MAX_TURNS" not in os.environ:
         args.max_turns = DEMO_MAX_TURNS
-    cfg = config_from_args(args)
+    if args.task_sampler is None and "TAU2_TASK_SAMPLER" not in os.environ:
+        args.task_sampler = DEMO_TASK_SAMPLER  # draw the tasks GRPO can learn from (mixed outcomes) more often
     split = args.split or ("base" if args.domain == "mock" else "train")
     eval_split = args.eval_split or ("base" if args.domain == "mock" else "test")
     try:
+        cfg = config_from_args(args)
         check_split(args.domain, split)
         check_split(args.domain, eval_split)
-    except TaskLookupError as e:
+    except (ConfigError, TaskLookupError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if args.model and not (Path(args.model) / "config.json").is_file():
         print(f"error: --model {args.model}: no config.json there; give a Hugging Face model directory, or leave "
               "--model out to build the tiny demo model", file=sys.stderr)
         return 2
-    out = args.out
-    out.mkdir(parents=True, exist_ok=True)
-    report_path = out / "report.json"
-    report = json.loads(report_path.read_text()) if report_path.exists() else {}
-    report.update({"domain": args.domain, "train_split": split, "eval_split": eval_split,
-                   "note": "offline scripted user and a tiny model: a plumbing and learning-signal check, "
-                           "not a tau2 score"})
-    report.setdefault("stages", {})
     args.max_turns = cfg.max_turns
-    t_start = time.perf_counter()
-
-    def save() -> None:
-        report["wall_s"] = report.get("wall_s", 0.0) + time.perf_counter() - save.t
-        save.t = time.perf_counter()
-        tmp = report_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(report, indent=1))
-        tmp.replace(report_path)
-
-    save.t = t_start
-    base = prepare_model(args, out)
-    checkpoints = {"base": base, "sft": out / "sft", "rft": out / "rft", "grpo": out / "grpo" / "model"}
-
-    def evaluated(stage: str) -> None:
-        if stage not in report["stages"]:
-            summary = evaluate_stage(args, checkpoints[stage], out, stage, args.eval_samples, args.eval_temperature,
-                                     eval_split)
-            report["stages"][stage] = stage_numbers(summary, args.domain)
-            save()
-
-    evaluated("base")
-    demos = None
-    if not checkpoints["sft"].exists():
-        console.rule("SFT on oracle demonstrations")
-        demos = oracle_demonstrations(args.domain, split)
-        report["sft"] = {**sft_stage(args, base, demos, checkpoints["sft"], out, args.sft_lr, args.sft_epochs),
-                         "demonstrations": len(demos)}
-        save()
-    evaluated("sft")
-    if not checkpoints["rft"].exists():
-        console.rule("RFT: sample, keep successes, fine-tune")
-        rows, stats = rft_stage(args, checkpoints["sft"], out, split)
-        demos = demos if demos is not None else oracle_demonstrations(args.domain, split)
-        merged = rows + demos  # RFT data merged with the seed (here: the oracle demonstrations)
-        report["rft"] = {**stats, **sft_stage(args, checkpoints["sft"], merged, checkpoints["rft"], out,
-                                              args.rft_lr, args.rft_epochs)}
-        save()
-    evaluated("rft")
-    if not checkpoints["grpo"].exists():
-        console.rule("GRPO")
-        report["grpo"] = {"history": grpo_stage(args, checkpoints["rft"], checkpoints["grpo"], out, cfg, split)}
-        save()
-    evaluated("grpo")
-    report["charts"] = [str(p) for p in write_charts(report, out)]
-    save()
+    args.out.mkdir(parents=True, exist_ok=True)
+    try:
+        report = run_stages(args, cfg, split, eval_split)
+    except StaleOutputError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except StageFailed as e:
+        if e.returncode != 130:
+            print(f"error: {e}", file=sys.stderr)
+        return e.returncode
+    except KeyboardInterrupt:
+        print(f"interrupted: finished stages and GRPO steps are kept in {args.out}; rerun the same command to resume",
+              file=sys.stderr)
+        return 130
+    report_path = args.out / "report.json"
+    report["charts"] = [str(p) for p in write_charts(report, args.out)]
+    atomic_write_bytes(report_path, json.dumps(report, indent=1).encode())
     print_stage_table(report)
-    base_p1, sft_p1 = (report["stages"][s]["pass@1"]["value"] for s in ("base", "sft"))
-    print(f"SFT pass@1 {sft_p1:.3f} vs untrained pass@1 {base_p1:.3f}: SFT is "
-          f"{'above' if sft_p1 > base_p1 else 'NOT above'} the untrained model")
+    print("\n".join(summary_lines(report)))
     print(f"report {report_path}\ncharts {', '.join(report['charts'])}")
     return 0
 
