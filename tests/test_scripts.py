@@ -559,6 +559,20 @@ def test_export_reads_the_latest_iteration(tmp_path: Path, tracker: str, iterati
     assert "warning: checkpoint iteration" not in result.stderr
 
 
+def test_relative_paths_are_taken_from_where_the_script_was_started(tmp_path: Path) -> None:
+    """The converters run inside slime's directory: the README's relative CKPT_IN / HF_OUT must still point under
+    the directory the command was typed in."""
+    (tmp_path / "outputs" / "checkpoints" / "sft" / "release").mkdir(parents=True)
+    (tmp_path / "outputs" / "checkpoints" / "sft" / "latest_checkpointed_iteration.txt").write_text("release")
+    result = dry_ok("convert_megatron_to_hf.sh", tmp_path, CKPT_IN="outputs/checkpoints/sft",
+                    HF_OUT="outputs/models/sft_hf", TAU2_OUT_DIR="out")
+    got = flags(command_with(result, f"{SLIME}/tools/convert_torch_dist_to_hf.py"))
+    assert got["--input-dir"] == str(tmp_path / "outputs" / "checkpoints" / "sft" / "release")
+    assert got["--output-dir"] == str(tmp_path / "outputs" / "models" / "sft_hf")
+    assert got["--origin-hf-dir"] == str(tmp_path / "out" / "models" / "Qwen3-4B-Instruct-2507")
+    assert "warning: checkpoint iteration" not in result.stderr
+
+
 # ---- pipeline --------------------------------------------------------------------------------------------------
 def stage_lines(result: Result) -> list[tuple[str, str]]:
     found = re.findall(r"^==> stage \d+/\d+ (\w+): (running|skipped)", result.stdout, flags=re.MULTILINE)
