@@ -9,6 +9,7 @@ the pipeline runs as eval/eval_passk.py subprocesses, are covered by that CLI's 
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -84,6 +85,30 @@ def test_a_bad_tau2_value_is_one_line_not_a_traceback(tmp_path: Path, capsys, mo
     lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: TAU2_REWARD_ALPHA='lots'"), lines
     assert not (tmp_path / "d").exists()
+
+
+def test_ctrl_c_anywhere_is_one_line_saying_how_to_resume(tmp_path: Path, capsys, monkeypatch) -> None:
+    import tau2_rl_pipeline.local_pipeline as pipeline
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pipeline, "prepare_model", interrupted)
+    assert main(["--out", str(tmp_path / "d")]) == 130
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("interrupted:") and "rerun the same command" in lines[0], lines
+
+
+def test_a_child_stopped_by_ctrl_c_leaves_the_line_to_the_child(capsys) -> None:
+    """The evaluator (a child process) gets Ctrl-C too and reports what it kept; the pipeline adds nothing."""
+    from tau2_rl_pipeline.local_pipeline import StageFailed, run_child
+
+    with pytest.raises(StageFailed) as info:
+        run_child([sys.executable, "-c", "import sys; print('interrupted: child', file=sys.stderr); sys.exit(130)"],
+                  "evaluation of sft")
+    assert info.value.returncode == 130
+    with pytest.raises(StageFailed, match=r"^evaluation of sft failed \(exit 3\)"):
+        run_child([sys.executable, "-c", "raise SystemExit(3)"], "evaluation of sft")
 
 
 # ---------------------------------------------------------------------------------------------------------------
