@@ -7,6 +7,7 @@ tokenizer, an aiohttp server on 127.0.0.1, httpx and litellm clients.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import math
 import random
@@ -323,7 +324,9 @@ def test_sglang_engine_returns_what_the_model_sampled(loopback: LoopbackServer, 
                                                       small_tokenizer: Any) -> None:
     prompt, sampling = chat_prompt(small_tokenizer), SamplingParams(max_new_tokens=8, seed=21)
     over_http = generate_once(fast_engine(loopback.base_url), prompt, sampling)
-    assert over_http == asyncio.run(tiny_engine.generate(prompt, sampling))  # ids and log-probs, bit for bit
+    in_process = asyncio.run(tiny_engine.generate(prompt, sampling))
+    assert dataclasses.replace(over_http, meta={}) == in_process  # ids and log-probs, bit for bit
+    assert over_http.meta == {"prompt_tokens": len(prompt), "cached_tokens": 0, "weight_version": "default"}
     assert loopback.count("/generate") == 1
 
 
