@@ -169,6 +169,7 @@ class LoopbackServer:
         self.request_times: list[float] = []
         self.responder: Callable[[str, list[int]], list[int] | None] | None = None
         self.max_concurrent = 0
+        self.max_generating = 0  # peak number of /generate requests open at once
         self._recent_prompts: deque[list[int]] = deque(maxlen=PREFIX_CACHE_PROMPTS)
         self._generating: set[asyncio.Task] = set()
         self._aborted: set[asyncio.Task] = set()
@@ -299,6 +300,7 @@ class LoopbackServer:
         finish reason `abort` and no tokens."""
         task = asyncio.ensure_future(respond)
         self._generating.add(task)
+        self.max_generating = max(self.max_generating, len(self._generating))
         try:
             return await task
         except asyncio.CancelledError:

@@ -1,7 +1,5 @@
-"""sglang.srt.server_args.ServerArgs of SGLang 0.5.15.post1: the dataclass slime reads and its CLI arguments."""
-
+"""TEMPORARY local stand-in (not committed)."""
 import dataclasses
-
 
 @dataclasses.dataclass
 class ServerArgs:
@@ -9,4 +7,9 @@ class ServerArgs:
 
     @staticmethod
     def add_cli_args(parser) -> None:
-        """SGLang's server flags (slime prefixes them with --sglang-)."""
+        parser.add_argument("--pp-size", type=int, default=1)
+        parser.add_argument("--pipeline-parallel-size", type=int, default=1)
+        parser.add_argument("--dp-size", type=int, default=1)
+        parser.add_argument("--enable-dp-attention", action="store_true")
+        parser.add_argument("--enable-deterministic-inference", action="store_true")
+        parser.add_argument("--mem-fraction-static", type=float, default=None)
