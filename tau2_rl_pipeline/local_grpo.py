@@ -44,6 +44,15 @@ class LocalSample:
         TRUNCATED = "truncated"
         ABORTED = "aborted"
 
+    @dataclass
+    class PrefixCacheInfo:  # slime's Sample.PrefixCacheInfo: SGLang's per-turn prefix-cache counts, summed
+        cached_tokens: int = 0
+        total_prompt_tokens: int = 0
+
+        def add(self, meta_info: dict) -> None:
+            self.cached_tokens += meta_info.get("cached_tokens", 0)
+            self.total_prompt_tokens += meta_info.get("prompt_tokens", 0)
+
     prompt: str = ""
     tokens: list[int] = field(default_factory=list)
     response: str = ""
@@ -54,6 +63,8 @@ class LocalSample:
     remove_sample: bool = False
     status: Status = Status.COMPLETED
     metadata: dict = field(default_factory=dict)
+    weight_versions: list[str] = field(default_factory=list)
+    prefix_cache_info: PrefixCacheInfo = field(default_factory=PrefixCacheInfo)
 
 
 @dataclass(frozen=True)
