@@ -154,7 +154,9 @@ def rft_stage(args, sft_dir: Path, out: Path, split: str) -> tuple[list[dict], d
 # -- CLI -----------------------------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m tau2_rl_pipeline.local_pipeline", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                                epilog=f"Unless set by flag or variable, the demo uses --max-turns {DEMO_MAX_TURNS} and "
+                                       f"--task-sampler {DEMO_TASK_SAMPLER}.")
     p.add_argument("--domain", default="mock", choices=DOMAINS)
     p.add_argument("--split", default=None, help="task split trained and evaluated on (default: mock base, else train)")
     p.add_argument("--eval-split", default=None, help="split evaluated on (default: mock base, else test)")
