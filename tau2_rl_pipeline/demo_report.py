@@ -45,14 +45,16 @@ def write_charts(report: dict, out: Path) -> list[Path]:
         steps = [h["step"] for h in history]
         ax.plot(steps, [h["raw_reward_mean"] for h in history], marker="o", label="task reward (tau2)")
         ax.plot(steps, [h["shaped_reward_mean"] for h in history], marker="s", label="shaped reward")
+        # shaped rewards reach 1 + alpha; the counts sit in a band above the highest point
+        top = max(1.0, *(h["shaped_reward_mean"] for h in history), *(h["raw_reward_mean"] for h in history)) + 0.2
         quiet = [h["step"] for h in history if not has_signal(h)]
         for i, step in enumerate(quiet):
             ax.axvspan(step - 0.4, step + 0.4, color="0.85", zorder=0,
                        label="no signal: nothing trained" if i == 0 else None)
         for h in history:  # the counts behind each point: episodes, and groups with signal of all groups
             ax.annotate(f"E={h['episodes']}\n{h['groups'] - h['groups_without_signal']}/{h['groups']}",
-                        (h["step"], 1.04), ha="center", va="top", fontsize=7)
-        ax.set_ylim(0, 1.1)
+                        (h["step"], top), ha="center", va="top", fontsize=7)
+        ax.set_ylim(0, top)
         ax.set_xticks(steps)
         ax.set_xlabel("GRPO step (each draws its own tasks; E episodes, groups with signal / groups)")
         ax.set_ylabel("mean reward over the step's episodes")
@@ -83,7 +85,7 @@ def _finish(fig, ax, title: str, path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     ax.set_title(title)
-    ax.legend(fontsize=8, loc="center right")
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=3)  # below: never over a point
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
