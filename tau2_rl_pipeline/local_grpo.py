@@ -144,7 +144,7 @@ def grpo_stage(settings: GrpoSettings, start: Path, dest: Path, root: Path, cfg:
     progress.clean()
     tracker = CurriculumTracker(cfg)
     if progress.step:
-        _restore(trainer, progress.step_dir(), cfg)
+        _restore(trainer, progress.step_dir())
         tracker = CurriculumTracker.restore(cfg, _tracker_path(cfg, progress.step_dir()))
         report(f"grpo: resuming after step {progress.step} of {s.steps} (its weights, optimizer and curriculum)")
     engine = TransformersEngine(trainer.model, trainer.tokenizer, device=s.device)
@@ -180,7 +180,8 @@ def grpo_stage(settings: GrpoSettings, start: Path, dest: Path, root: Path, cfg:
                f"(shaped {record['shaped_reward_mean']:.3f}) over {record['episodes']} episodes, "
                f"{record['groups_without_signal']}/{record['groups']} groups without signal, "
                f"trained on {len(examples)} sequences")
-    trainer.save(dest)
+    if not dest.exists():  # saved whole or not at all: present means a run stopped just after saving it
+        trainer.save(dest)
     trainer.close()
     return history
 
@@ -199,7 +200,7 @@ def _tracker_path(cfg: Tau2Config, step_dir: Path) -> Path | None:
     return step_dir / STATE_FILE if cfg.curriculum_persist else None
 
 
-def _restore(trainer: LocalTrainer, step_dir: Path, cfg: Tau2Config) -> None:
+def _restore(trainer: LocalTrainer, step_dir: Path) -> None:
     from transformers import AutoModelForCausalLM
 
     saved = AutoModelForCausalLM.from_pretrained(str(step_dir), dtype=torch.float32)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -86,6 +87,8 @@ def train_config(args, out: Path, lr: float, epochs: int = 1) -> TrainConfig:
 
 
 def sft_stage(args, start: Path, rows: list[dict], dest: Path, out: Path, lr: float, epochs: int) -> dict:
+    if dest.exists():  # saved by a run stopped before it recorded the result: trained again for its numbers
+        shutil.rmtree(dest)
     trainer = LocalTrainer(start, train_config(args, out, lr, epochs))
     examples = [sft_example_from_chat(trainer.tokenizer, row["messages"], row.get("tools")) for row in rows]
     before = trainer.evaluate(examples)
