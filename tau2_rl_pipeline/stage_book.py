@@ -68,7 +68,7 @@ class StageBook:
         elif record is not None and record.get("result") is not None and all(p.exists() for p in outputs):
             return Plan(SKIP, f"{stage}: done with these settings, skipped", record["result"])
         elif present:
-            message = f"{stage}: unfinished with these settings: resuming it"
+            message = f"{stage}: unfinished with these settings: running it again (resuming what it can)"
         else:
             message = f"{stage}: running"
         self.records[stage] = {"settings": settings, "result": None}

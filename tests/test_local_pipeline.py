@@ -51,10 +51,10 @@ def test_the_book_skips_resumes_redoes_and_refuses(tmp_path: Path) -> None:
     out = tmp_path / "demo"
     ckpt, partial = out / "sft", out / "eval" / "sft.json.episodes.jsonl"
     book = StageBook(out)
-    assert book.plan("sft", {"epochs": 40}, [ckpt]) .message == "sft: running"
+    assert book.plan("sft", {"epochs": 40}, [ckpt]).message == "sft: running"
     ckpt.mkdir(parents=True)
-    assert StageBook(out).plan("sft", {"epochs": 40}, [ckpt]).message == "sft: unfinished with these settings: " \
-                                                                         "resuming it"
+    assert StageBook(out).plan("sft", {"epochs": 40}, [ckpt]).message == (
+        "sft: unfinished with these settings: running it again (resuming what it can)")
     book = StageBook(out)
     book.plan("sft", {"epochs": 40}, [ckpt])
     book.finish("sft", {"loss": 0.5})
