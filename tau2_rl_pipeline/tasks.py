@@ -129,7 +129,7 @@ def _csv(text: str) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="tau2-rl-tasks", description=__doc__.split("\n\n")[0])
     parser.add_argument("--local_dir", "--local-dir", dest="local_dir", required=True,
                         help="output directory for the task JSONL files")
     parser.add_argument("--domains", default="airline,retail,telecom", help="comma-separated domains")
