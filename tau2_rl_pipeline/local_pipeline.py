@@ -231,19 +231,21 @@ def _finish(fig, ax, title: str, path: Path) -> Path:
 
 
 def print_stage_table(report: dict) -> None:
+    """Each stage's checkpoint evaluated: every metric as value [95% CI], and the counts behind the row."""
     from rich.table import Table
 
-    from tau2_rl_pipeline.metrics import format_metric
+    from eval.report import cell
+    from tau2_rl_pipeline.pictures.stage_chart import stage_metrics
 
-    table = Table(title=f"{report['domain']}: pass rates per stage (scripted user: plumbing check, not a tau2 score)")
-    table.add_column("stage")
-    stages = [s for s in STAGES if s in report["stages"]]
-    k = report["stages"][stages[0]]["k"] if stages else 1
-    for name in ("pass@1", f"pass@{k}", f"pass^{k}", "mean_partial"):
-        table.add_column(name)
+    stages, names = stage_metrics(report)
+    table = Table(title=f"{report['domain']}: pass rates per stage (scripted user: plumbing check, not a tau2 score)",
+                  caption="value [95% bootstrap CI over tasks]; pass@k: any of k succeeds, pass^k: all k (tau2)")
+    for name in ("stage", *names, "tasks / episodes"):
+        table.add_column(name, justify="left" if name == "stage" else "right")
     for s in stages:
         row = report["stages"][s]
-        table.add_row(s, *[format_metric(row[name]) for name in ("pass@1", f"pass@{k}", f"pass^{k}", "mean_partial")])
+        counts = next(row[n] for n in names if n in row)
+        table.add_row(s, *[cell(row.get(n)) for n in names], f"{counts['n_tasks']} / {counts['n_episodes']}")
     Console().print(table)
 
 

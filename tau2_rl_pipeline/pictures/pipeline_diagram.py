@@ -16,9 +16,11 @@ STAGE_FILL = "#F2F2F2"
 ROW_IN = 0.7  # inches per stage row (one data unit)
 LINE = 0.19  # text line spacing in rows
 X_SERVER, W_SERVER = 0.0, 23.0
-X_STAGE, W_STAGE = 27.0, 29.5
-X_FILES = 58.5
+X_STAGE, W_STAGE = 26.5, 31.5
+X_FILES = 60.0
 SMALL = 7.5
+MONO = 7.0  # monospace runs wider: script and program names
+FILES = 7.0
 
 
 def _span(gpus: tuple[int, ...]) -> str:
@@ -44,8 +46,8 @@ def stage_lines(stage: Stage, server_scripts: set[str]) -> list[str]:
 
 def file_lines(stage: Stage) -> tuple[list[str], list[str]]:
     """'writes ...' and 'reads ...' lines; a read path names the stage that wrote it by number."""
-    writes = textwrap.wrap("writes " + ", ".join(stage.outputs), 74)
-    reads = textwrap.wrap("reads " + ", ".join(f"{path} ({by})" for path, by in stage.reads), 77) if stage.reads \
+    writes = textwrap.wrap("writes " + ", ".join(stage.outputs), 82)
+    reads = textwrap.wrap("reads " + ", ".join(f"{path} ({by})" for path, by in stage.reads), 84) if stage.reads \
         else []
     return writes, reads
 
@@ -86,7 +88,7 @@ def _draw_stages(ax, plan: Plan) -> None:
         top = y + LINE * len(lines) / 2
         ax.text(X_STAGE + 0.8, top, f"{stage.number}  {stage.name}", fontsize=9.5, fontweight="bold", va="center")
         for j, line in enumerate(lines):
-            ax.text(X_STAGE + 0.8, top - (j + 1) * LINE, line, fontsize=SMALL, family="monospace", va="center",
+            ax.text(X_STAGE + 0.8, top - (j + 1) * LINE, line, fontsize=MONO, family="monospace", va="center",
                     color="#333333")
         if i + 1 < len(plan.stages):
             ax.annotate("", xy=(X_STAGE + W_STAGE - 3, y - 0.58), xytext=(X_STAGE + W_STAGE - 3, y - 0.42),
@@ -95,7 +97,7 @@ def _draw_stages(ax, plan: Plan) -> None:
         lines2 = [(t, "#111111") for t in writes] + [(t, "#6b6b6b") for t in reads]
         top = y + LINE * (len(lines2) - 1) / 2
         for j, (text, color) in enumerate(lines2):
-            ax.text(X_FILES, top - j * LINE, text, fontsize=SMALL, va="center", color=color)
+            ax.text(X_FILES, top - j * LINE, text, fontsize=FILES, va="center", color=color)
 
 
 def _draw_servers(ax, plan: Plan) -> None:
