@@ -225,6 +225,13 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return super()._format_action(action)
 
 
+def command_parser(prog: str, description: str, epilog: str | None = None,
+                   formatter_class: type[argparse.HelpFormatter] = HelpFormatter) -> argparse.ArgumentParser:
+    """The parser of an installed command (pyproject's [project.scripts]): `prog [options]`, help on one screen."""
+    return argparse.ArgumentParser(prog=prog, usage="%(prog)s [options]", description=description, epilog=epilog,
+                                   formatter_class=formatter_class)
+
+
 class _HelpConfig(argparse.Action):
     def __init__(self, option_strings, dest, **kwargs):
         super().__init__(option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, nargs=0,

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from tau2_rl_pipeline.config import HelpFormatter, Tau2Config, add_config_args, config_from_args
+from tau2_rl_pipeline.config import Tau2Config, add_config_args, command_parser, config_from_args
 from tau2_rl_pipeline.curriculum import CurriculumTracker
 from tau2_rl_pipeline.engines import SamplingParams, TransformersEngine
 from tau2_rl_pipeline.reward import post_process, task_key
@@ -251,9 +251,8 @@ def print_stage_table(report: dict) -> None:
 
 # -- CLI -----------------------------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="tau2-rl-demo", usage="%(prog)s [options]", description=__doc__.split("\n\n")[0],
-        formatter_class=HelpFormatter,
+    p = command_parser(
+        "tau2-rl-demo", __doc__.split("\n\n")[0],
         epilog="Writes <out>/report.json (every stage's numbers with counts), charts and each stage's Pass@K run, "
                "then prints the stage table; a stage whose output exists is skipped (rerun to resume). Scripted "
                "user: a plumbing and learning-signal check, not a tau2 score.")

@@ -12,7 +12,7 @@ import re
 import shlex
 import subprocess
 import sys
-import tomllib
+from importlib.metadata import distribution
 from pathlib import Path
 
 import pytest
@@ -24,7 +24,9 @@ from tau2_rl_pipeline.pictures.plan import dry_run_plan, gpu_layouts, parse_plan
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ROOT / "scripts"
 BIN = Path(sys.executable).parent
-CONSOLE_SCRIPTS = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+# what pyproject's [project.scripts] installed
+CONSOLE_SCRIPTS = {ep.name: ep.value for ep in distribution("tau2_rl_pipeline").entry_points
+                   if ep.group == "console_scripts"}
 SCREEN_LINES = 60  # --help at 100 columns
 
 
@@ -189,3 +191,19 @@ def test_readme_tasks_command_runs_as_typed_from_a_fresh_shell(tmp_path: Path) -
     out_dir = tmp_path / argv[argv.index("--local-dir") + 1]
     rows = [json.loads(line) for line in (out_dir / "tau2_base_all_tasks.jsonl").read_text().splitlines()]
     assert len(rows) == 9 and rows[0]["metadata"]["domain"] == "mock"
+
+
+def test_help_config_lists_every_setting_that_help_leaves_out() -> None:
+    from dataclasses import fields
+
+    from eval.eval_passk import build_parser
+    from tau2_rl_pipeline.config import Tau2Config, config_help, env_var
+
+    text = config_help()
+    help_text = build_parser().format_help()
+    for f in fields(Tau2Config):
+        flag = "--" + f.name.replace("_", "-")
+        assert f"{flag} " in text + " " and env_var(f.name) in text, f.name
+        assert f"{flag} " not in help_text, f"{flag} is in --help: it no longer fits one screen"
+    assert "--help-config" in help_text
+    assert build_parser().parse_args(["--max-turns", "3"]).max_turns == 3  # hidden from --help, still a flag

@@ -13,7 +13,7 @@ import json
 import sys
 from pathlib import Path
 
-from tau2_rl_pipeline.config import HelpFormatter
+from tau2_rl_pipeline.config import HelpFormatter, command_parser
 from tau2_rl_pipeline.files import atomic_write_bytes
 from tau2_rl_pipeline.pictures import bench_chart, pipeline_diagram, stage_chart
 from tau2_rl_pipeline.pictures.plan import ROOT, dry_run_plan, gpu_layouts
@@ -26,8 +26,7 @@ class _Formatter(argparse.RawDescriptionHelpFormatter, HelpFormatter):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="tau2-rl-pictures", usage="%(prog)s [options]", description=__doc__,
-                                formatter_class=_Formatter)
+    p = command_parser("tau2-rl-pictures", __doc__, formatter_class=_Formatter)
     p.add_argument("--out", type=Path, default=None, help="folder the pictures go to (default: public/)")
     p.add_argument("--report", type=Path, default=None,
                    help="the demo's report (default: outputs/demo/report.json, else <out>/demo_report.json)")
