@@ -109,6 +109,65 @@ def _rel(path: str, out_dir: str) -> str:
     return path[len(out_dir) + 1:] if path.startswith(out_dir + "/") else path
 
 
+class _StageReader:
+    """One stage's commands, read one by one: the stage scripts, the programs and the servers they name."""
+
+    def __init__(self, servers: dict[str, Server]) -> None:
+        self.servers = servers  # shared by all stages: a server started in one stage is used by later ones
+        self.scripts: list[str] = []
+        self.programs: list[str] = []
+        self.used: list[str] = []
+        self.ray_gpus: tuple[int, ...] = ()
+
+    def read(self, cmd: list[str]) -> None:
+        env, argv = _env_and_argv(cmd)
+        if not argv:
+            return
+        for tok in argv:
+            if tok.endswith(".sh") and Path(tok).parent == SCRIPTS and Path(tok).name not in self.scripts:
+                self.scripts.append(Path(tok).name)
+        if any(tok in EPISODE_RUNNERS for tok in argv):
+            self.used.append(USER_SIM_SCRIPT.removesuffix(".sh"))
+        module = _flag(argv, "-m")
+        if module == "sglang.launch_server":
+            self._sglang(env, argv)
+        elif module and module.split(".")[0] in ("tau2_rl_pipeline", "eval"):
+            self.programs.append(f"python -m {module}")
+        elif argv[:2] == ["ray", "start"]:
+            self.ray_gpus = _gpus(env.get("CUDA_VISIBLE_DEVICES", "0"))
+        elif argv[:3] == ["ray", "job", "submit"] and "--" in argv:
+            self._slime_job(argv[argv.index("--") + 1:])
+        elif len(argv) > 1 and argv[1].endswith(".py"):  # one of slime's tools (the converters)
+            gpus = env.get("CUDA_VISIBLE_DEVICES")
+            self.programs.append(f"slime {Path(argv[1]).name}" + (f" (GPU {gpus})" if gpus else ""))
+        for server in self.servers.values():  # a server named by its address (not in the Ray job's env dump)
+            if server.port and any(f"127.0.0.1:{server.port}" in tok for tok in argv
+                                   if not tok.startswith("--runtime-env-json")):
+                self.used.append(server.key)
+
+    def _sglang(self, env: dict[str, str], argv: list[str]) -> None:
+        launcher = self.scripts[-1] if self.scripts else "sglang"
+        key = launcher.removesuffix(".sh")
+        self.servers[key] = Server(key, SERVER_NAMES.get(launcher, launcher), "sglang",
+                                   _gpus(env.get("CUDA_VISIBLE_DEVICES", "0")), int(_flag(argv, "--port") or 0),
+                                   int(_flag(argv, "--tp-size") or 1), int(_flag(argv, "--dp-size") or 1))
+        self.used.append(key)
+
+    def _slime_job(self, job: list[str]) -> None:
+        entry = Path(job[1]).name
+        n_gpus = int(_flag(job, "--actor-num-gpus-per-node") or 1)
+        tp = int(_flag(job, "--tensor-model-parallel-size") or 1)
+        slime = self.servers.setdefault("slime", Server("slime", "Ray + slime", "slime", self.ray_gpus, tp=tp,
+                                                        dp=n_gpus // tp))
+        what = "training only" if "--debug-train-only" in job else "training"
+        if "--colocate" in job:
+            engines = n_gpus // int(_flag(job, "--rollout-num-gpus-per-engine") or 1)
+            what += f" + {engines} colocated SGLang rollout engines"
+        slime.jobs.setdefault(entry, what)
+        self.programs.append(f"slime {entry}")
+        self.used.append("slime")
+
+
 def parse_plan(stdout: str, out_dir: str, layout: str = "8") -> Plan:
     """Read a pipeline dry run's stdout (out_dir: the TAU2_OUT_DIR it ran with) into a Plan."""
     out_dir = out_dir.rstrip("/")
@@ -125,65 +184,17 @@ def parse_plan(stdout: str, out_dir: str, layout: str = "8") -> Plan:
     stages: list[Stage] = []
     written: list[tuple[str, int]] = []  # (absolute artifact, stage number), in stage order
     for header, commands in blocks:
-        number, name, outputs = int(header.group(1)), header.group(3), header.group(4).split()
-        scripts: list[str] = []
-        programs: list[str] = []
-        used: list[str] = []
-        ray_gpus: tuple[int, ...] = ()
-        runs_episodes = False
+        number, name = int(header.group(1)), header.group(3)
+        outputs = list(dict.fromkeys(_artifact(o) for o in header.group(4).split()))
+        reader = _StageReader(servers)
         for cmd in commands:
-            env, argv = _env_and_argv(cmd)
-            if not argv:
-                continue
-            for tok in argv:
-                if tok.endswith(".sh") and Path(tok).parent == SCRIPTS and Path(tok).name not in scripts:
-                    scripts.append(Path(tok).name)
-            runs_episodes |= any(tok in EPISODE_RUNNERS for tok in argv)
-            module = _flag(argv, "-m")
-            if module == "sglang.launch_server":
-                launcher = scripts[-1] if scripts else "sglang"
-                key = launcher.removesuffix(".sh")
-                port = int(_flag(argv, "--port") or 0)
-                servers[key] = Server(key, SERVER_NAMES.get(launcher, launcher), "sglang",
-                                      _gpus(env.get("CUDA_VISIBLE_DEVICES", "0")), port,
-                                      int(_flag(argv, "--tp-size") or 1), int(_flag(argv, "--dp-size") or 1))
-                used.append(key)
-            elif module and module.split(".")[0] in ("tau2_rl_pipeline", "eval"):
-                programs.append(f"python -m {module}")
-            elif argv[:2] == ["ray", "start"]:
-                ray_gpus = _gpus(env.get("CUDA_VISIBLE_DEVICES", "0"))
-            elif argv[:3] == ["ray", "job", "submit"] and "--" in argv:
-                job = argv[argv.index("--") + 1:]
-                entry = Path(job[1]).name
-                n_gpus = int(_flag(job, "--actor-num-gpus-per-node") or 1)
-                tp = int(_flag(job, "--tensor-model-parallel-size") or 1)
-                slime = servers.setdefault("slime", Server("slime", "Ray + slime", "slime", ray_gpus, tp=tp,
-                                                           dp=n_gpus // tp))
-                what = "training only" if "--debug-train-only" in job else "training"
-                if "--colocate" in job:
-                    per_engine = int(_flag(job, "--rollout-num-gpus-per-engine") or 1)
-                    what += f" + {n_gpus // per_engine} colocated SGLang rollout engines"
-                slime.jobs.setdefault(entry, what)
-                programs.append(f"slime {entry}")
-                used.append("slime")
-            elif len(argv) > 1 and argv[1].endswith(".py"):
-                gpus = env.get("CUDA_VISIBLE_DEVICES")
-                programs.append(f"slime {Path(argv[1]).name}"
-                                + (f" (GPU {gpus})" if gpus else ""))
-            for server in servers.values():
-                if server.port and any(f"127.0.0.1:{server.port}" in tok for tok in argv
-                                       if not tok.startswith("--runtime-env-json")):
-                    used.append(server.key)
-        if runs_episodes:
-            used.append(USER_SIM_SCRIPT.removesuffix(".sh"))
+            reader.read(cmd)
         tokens = [tok for cmd in commands for tok in cmd]
-        own = {_artifact(o) for o in outputs}
-        reads = [(art, by) for art, by in written
-                 if art not in own and any(_mentions(tok, art) for tok in tokens)]
-        written.extend((art, number) for art in dict.fromkeys(_artifact(o) for o in outputs))
-        stages.append(Stage(number, name, scripts, list(dict.fromkeys(programs)),
-                            [_rel(a, out_dir) for a in dict.fromkeys(_artifact(o) for o in outputs)],
-                            [(_rel(a, out_dir), by) for a, by in reads], list(dict.fromkeys(used))))
+        reads = [(_rel(art, out_dir), by) for art, by in written
+                 if art not in outputs and any(_mentions(tok, art) for tok in tokens)]
+        written.extend((art, number) for art in outputs)
+        stages.append(Stage(number, name, reader.scripts, list(dict.fromkeys(reader.programs)),
+                            [_rel(a, out_dir) for a in outputs], reads, list(dict.fromkeys(reader.used))))
     for stage in stages:  # a server named by an episode runner but never started here is not drawn
         stage.servers = [k for k in stage.servers if k in servers]
     return Plan(layout, stages, servers)
