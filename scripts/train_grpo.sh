@@ -66,8 +66,9 @@ SAMPLES=$((GRPO_ROLLOUT_BATCH_SIZE * GRPO_N_SAMPLES))
 ACTOR_GPUS="${NUM_POLICY_GPUS}"
 if [[ "${GRPO_ASYNC}" == 1 ]]; then
   ((NUM_POLICY_GPUS >= 2)) || die "GRPO_ASYNC=1 trains and rolls out on separate GPUs: it needs at least 2 policy GPUs, POLICY_GPUS=${POLICY_GPUS} has ${NUM_POLICY_GPUS}"
-  [[ "${GRPO_ASYNC_ROLLOUT_GPUS}" =~ ^[1-9][0-9]*$ ]] && ((GRPO_ASYNC_ROLLOUT_GPUS < NUM_POLICY_GPUS)) ||
+  if ! [[ "${GRPO_ASYNC_ROLLOUT_GPUS}" =~ ^[1-9][0-9]*$ ]] || ((GRPO_ASYNC_ROLLOUT_GPUS >= NUM_POLICY_GPUS)); then
     die "GRPO_ASYNC_ROLLOUT_GPUS=${GRPO_ASYNC_ROLLOUT_GPUS} must be between 1 and $((NUM_POLICY_GPUS - 1)) (the ${NUM_POLICY_GPUS} policy GPUs less at least one for training)"
+  fi
   ACTOR_GPUS=$((NUM_POLICY_GPUS - GRPO_ASYNC_ROLLOUT_GPUS))
   ((TRAIN_TP <= ACTOR_GPUS)) || TRAIN_TP="${ACTOR_GPUS}"
   ((ACTOR_GPUS % TRAIN_TP == 0)) || die "TRAIN_TP=${TRAIN_TP} does not divide the ${ACTOR_GPUS} training GPUs of GRPO_ASYNC=1"
@@ -149,8 +150,12 @@ if [[ "${GRPO_ASYNC}" == 1 ]]; then
   ENTRY=train_async.py
   PLACEMENT_ARGS=(--actor-num-nodes 1 --actor-num-gpus-per-node "${ACTOR_GPUS}"
     --rollout-num-gpus "${GRPO_ASYNC_ROLLOUT_GPUS}" --rollout-function-path "${GRPO_ASYNC_ROLLOUT_FUNCTION}")
-  [[ "${GRPO_PARTIAL_ROLLOUT}" == 1 ]] && PLACEMENT_ARGS+=(--partial-rollout --mask-offpolicy-in-partial-rollout)
-  [[ "${GRPO_USE_TIS}" == 1 ]] && PLACEMENT_ARGS+=(--use-tis)
+  if [[ "${GRPO_PARTIAL_ROLLOUT}" == 1 ]]; then
+    PLACEMENT_ARGS+=(--partial-rollout --mask-offpolicy-in-partial-rollout)
+  fi
+  if [[ "${GRPO_USE_TIS}" == 1 ]]; then
+    PLACEMENT_ARGS+=(--use-tis)
+  fi
 else
   ENTRY=train.py
   PLACEMENT_ARGS=(--actor-num-nodes 1 --actor-num-gpus-per-node "${NUM_POLICY_GPUS}" --colocate)
