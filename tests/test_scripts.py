@@ -231,7 +231,7 @@ def test_grpo_plug_ins_name_functions_of_this_package(dry_dir: Path) -> None:
     """slime imports each plug-in path by name inside the Ray job; a renamed function fails only there."""
     got = grpo_flags(dry_dir, TAU2_FILTER_ZERO_STD="1")
     paths = [got[f] for f in ("--custom-generate-function-path", "--custom-reward-post-process-path",
-                              "--dynamic-sampling-filter-path")]
+                              "--dynamic-sampling-filter-path")] + [sft_flags(dry_dir)["--rollout-function-path"]]
     for path in paths:
         module, _, name = path.rpartition(".")
         tree = ast.parse((ROOT / (module.replace(".", "/") + ".py")).read_text())
@@ -285,7 +285,7 @@ def test_async_grpo_settings(dry_dir: Path) -> None:
 def test_sft_reads_messages_and_tools_without_chat_template_flag(dry_dir: Path) -> None:
     got = sft_flags(dry_dir)
     assert got["--input-key"] == "messages" and got["--tool-key"] == "tools"
-    assert got["--rollout-function-path"] == "slime.rollout.sft_rollout.generate_rollout"
+    assert got["--rollout-function-path"] == "tau2_rl_pipeline.slime_sft.generate_rollout"
     assert got["--loss-type"] == "sft_loss" and "--debug-train-only" in got
     assert "--apply-chat-template" not in got
     assert got["--prompt-data"] == str(dry_dir / "out/data/sft_seed.jsonl")

@@ -152,7 +152,7 @@ def test_sft_parses_as_meant(parsed: dict[str, list[dict]], script: str, data: s
     args = only(parsed, f"{script}@{layout}")
     assert parsed[f"{script}@{layout}"][0]["entry"] == "train_async.py"
     assert args["debug_train_only"] is True and args["loss_type"] == "sft_loss"
-    assert args["rollout_function_path"] == "slime.rollout.sft_rollout.generate_rollout"
+    assert args["rollout_function_path"] == "tau2_rl_pipeline.slime_sft.generate_rollout"
     assert args["input_key"] == "messages" and args["tool_key"] == "tools" and args["loss_mask_type"] == "qwen3"
     assert args["prompt_data"].endswith(f"out/data/{data}") and args["num_epoch"] == 2
     assert args["calculate_per_token_loss"] is True and args["compute_advantages_and_returns"] is False
