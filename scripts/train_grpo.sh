@@ -12,9 +12,10 @@
 #   GRPO_ASYNC_ROLLOUT_FUNCTION  slime.rollout.fully_async_rollout.generate_rollout_fully_async: slime's fully async
 #                                rollout (a pool of episodes in flight across rollout boundaries; it calls our
 #                                custom generate through slime's generate_and_rm_group)
-#   GRPO_PARTIAL_ROLLOUT=1       --partial-rollout --mask-offpolicy-in-partial-rollout: episodes cut by a weight
-#                                update go back to the buffer and continue; tokens sampled by older weights are
-#                                masked out of the loss
+#   GRPO_PARTIAL_ROLLOUT=1       --partial-rollout --mask-offpolicy-in-partial-rollout: episodes cut by slime's
+#                                abort at a weight update go back to slime's buffer instead of being lost, and no
+#                                token sampled by older weights is trained (slime masks a returned sample's old
+#                                response; our generate plays a returned episode again from its start)
 #   GRPO_USE_TIS=1               --use-tis: truncated importance sampling with the rollout log-probs our generate
 #                                keeps, correcting for samples drawn by a policy one step behind
 # Starts from GRPO_INIT_DIR's weights at rollout 0 without its optimizer state, with the same checkpoint as the KL
@@ -68,6 +69,9 @@ if [[ "${GRPO_ASYNC}" == 1 ]]; then
   ((NUM_POLICY_GPUS >= 2)) || die "GRPO_ASYNC=1 trains and rolls out on separate GPUs: it needs at least 2 policy GPUs, POLICY_GPUS=${POLICY_GPUS} has ${NUM_POLICY_GPUS}"
   if ! [[ "${GRPO_ASYNC_ROLLOUT_GPUS}" =~ ^[1-9][0-9]*$ ]] || ((GRPO_ASYNC_ROLLOUT_GPUS >= NUM_POLICY_GPUS)); then
     die "GRPO_ASYNC_ROLLOUT_GPUS=${GRPO_ASYNC_ROLLOUT_GPUS} must be between 1 and $((NUM_POLICY_GPUS - 1)) (the ${NUM_POLICY_GPUS} policy GPUs less at least one for training)"
+  fi
+  if [[ "${FILTER_ZERO_STD}" == 1 && "${GRPO_ASYNC_ROLLOUT_FUNCTION}" == slime.rollout.fully_async_rollout.* ]]; then
+    die "TAU2_FILTER_ZERO_STD=1 has no effect with GRPO_ASYNC=1: slime's fully async rollout applies no dynamic-sampling filter"
   fi
   ACTOR_GPUS=$((NUM_POLICY_GPUS - GRPO_ASYNC_ROLLOUT_GPUS))
   ((TRAIN_TP <= ACTOR_GPUS)) || TRAIN_TP="${ACTOR_GPUS}"

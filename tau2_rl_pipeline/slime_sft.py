@@ -29,7 +29,8 @@ def mask_after_end_of_turn(tokens: list[int], loss_mask: list[int], end_of_turn_
 
 def generate_rollout(args: Any, rollout_id: int, data_buffer: Any, evaluation: bool = False) -> list:
     """slime's `slime.rollout.sft_rollout.generate_rollout`, then the `\\n` after each `<|im_end|>` left untrained."""
-    from slime.rollout import sft_rollout  # slime's own SFT rollout: present in slime's Ray job
+    # slime's own SFT rollout: present in slime's Ray job, where this runs
+    from slime.rollout import sft_rollout
 
     samples = sft_rollout.generate_rollout(args, rollout_id, data_buffer, evaluation)
     tokenizer = sft_rollout.TOKENIZER  # loaded by the call above from --hf-checkpoint

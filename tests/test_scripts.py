@@ -466,6 +466,7 @@ def test_user_sim_serves_where_the_rollout_looks(dry_dir: Path) -> None:
     ("train_grpo.sh", {"GRPO_ASYNC": "1", "GRPO_ASYNC_ROLLOUT_GPUS": "4"}, "must be between 1 and 3"),
     ("train_grpo.sh", {"GRPO_ASYNC": "1", "GRPO_ASYNC_ROLLOUT_GPUS": "1"}, "does not divide the 3 training GPUs"),
     ("train_grpo.sh", {"GRPO_USE_TIS": "sometimes"}, "GRPO_USE_TIS=sometimes must be true or false"),
+    ("train_grpo.sh", {"GRPO_ASYNC": "1", "TAU2_FILTER_ZERO_STD": "1"}, "fully async rollout applies no dynamic"),
     ("train_sft.sh", {"TRAIN_TP": "3"}, "TRAIN_TP=3 does not divide"),
     ("train_sft.sh", {"LOSS_MASK_TYPE": "llama"}, "LOSS_MASK_TYPE=llama is not one of"),
     ("train_sft.sh", {"DRY_RUN": "yes"}, "DRY_RUN=yes must be 0 or 1"),

@@ -8,9 +8,10 @@ Run by tests/contract/test_stage_argv.py in one subprocess for every command (sl
   SGLang's parser (slime's --sglang- wrapper over the SGLang double's ServerArgs), Megatron's parser with slime's
   arguments, then slime's, Megatron's and SGLang's validation. Megatron parses with ignore_unknown_args=True, so
   unknown flags are found by parsing the argv once more with every parser slime built during the call merged into
-  one (what is left over is known to none of them). Two things only a GPU machine has are answered here: the model's
-  HF config.json (a dry run has no downloaded model, so megatron_parse_args' HF check is skipped) and the GPU
-  architecture Megatron's validation asks torch.cuda for (the H100's, sm 90, the hardware the scripts target).
+  one (what is left over is known to none of them; an abbreviated flag counts as unknown). Two things only a GPU
+  machine has are answered here: the model's HF config.json (a dry run has no downloaded model, so
+  megatron_parse_args' HF check is skipped) and the GPU architecture Megatron's validation asks torch.cuda for
+  (the H100's, sm 90, the hardware the scripts target).
 - `convert_hf_to_torch_dist`: slime's tools/convert_hf_to_torch_dist.py `get_args()` (Megatron's parser with
   ignore_unknown_args=False: an unknown flag is a parser error) and Megatron's validation.
 - `convert_torch_dist_to_hf`: slime's tools/convert_torch_dist_to_hf.py run as __main__ up to its parse_args().
@@ -29,8 +30,9 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
-from contract_tier import MISSING, SLIME_DIR  # noqa: E402  (puts slime, Megatron and the SGLang double on sys.path)
+sys.path.insert(0, str(HERE.parent))  # tests/: contract_tier reads third_party.py there
+# contract_tier puts slime, Megatron and the SGLang double on sys.path
+from contract_tier import MISSING, SLIME_DIR
 
 _BUILT: list[argparse.ArgumentParser] = []
 _real_parse_known_args = argparse.ArgumentParser.parse_known_args
@@ -55,8 +57,14 @@ def leftovers(parsers: list[argparse.ArgumentParser], argv: list[str]) -> list[s
 
 
 def jsonable(namespace: argparse.Namespace) -> dict:
-    return {k: v if isinstance(v, (str, int, float, bool, type(None), list)) else repr(v)
-            for k, v in vars(namespace).items()}
+    def value(v: object) -> object:
+        try:
+            json.dumps(v)
+        except (TypeError, ValueError):
+            return repr(v)
+        return v
+
+    return {k: value(v) for k, v in vars(namespace).items()}
 
 
 def parse_slime(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:

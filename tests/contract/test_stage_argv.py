@@ -57,10 +57,8 @@ def runs() -> dict[str, tuple[str, dict[str, str]]]:
     return out
 
 
-@pytest.fixture(scope="module")
-def parsed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict]]:
+def parse_all(base: Path) -> dict[str, list[dict]]:
     """name -> one entry per launched program: its argv and what the real parser made of it."""
-    base = tmp_path_factory.mktemp("argv")
     (base / "out/checkpoints/rft").mkdir(parents=True)  # the KL reference slime's validation looks for
     jobs, names = [], []
     for name, (script, env) in runs().items():
@@ -80,6 +78,21 @@ def parsed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict]]:
     for name, job, answer in zip(names, jobs, json.loads((base / "out.json").read_text())):
         out.setdefault(name, []).append({**job, **answer})
     return out
+
+
+@pytest.fixture(scope="session")
+def parsed(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> dict[str, list[dict]]:
+    """parse_all, once per test run: under pytest-xdist the first worker computes it, the others read it."""
+    if worker_id == "master":
+        return parse_all(tmp_path_factory.mktemp("argv"))
+    from filelock import FileLock
+
+    shared = tmp_path_factory.getbasetemp().parent  # the same for every worker of this run
+    done = shared / "stage_argv.json"
+    with FileLock(str(shared / "stage_argv.lock")):
+        if not done.exists():
+            done.write_text(json.dumps(parse_all(shared / "stage_argv")))
+        return json.loads(done.read_text())
 
 
 def only(parsed: dict[str, list[dict]], name: str) -> dict:

@@ -130,7 +130,7 @@ def _decode(value: object) -> object:
         if "$tuple" in value:
             return tuple(_decode(v) for v in value["$tuple"])
         if "$set" in value:
-            return set(_decode(v) for v in value["$set"])
+            return {_decode(v) for v in value["$set"]}
         return {k: _decode(v) for k, v in value.items()}
     return value
 
