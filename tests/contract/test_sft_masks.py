@@ -22,6 +22,7 @@ from tau2_rl_pipeline.trainer import sft_example_from_chat
 
 FIXTURE = Path(__file__).resolve().parents[1] / "data" / "seed_fixture.jsonl"
 DOMAINS = ("airline", "retail", "telecom")
+SCRIPTS_ROLLOUT_FUNCTION = "tau2_rl_pipeline.slime_sft.generate_rollout"  # train_sft.sh's --rollout-function-path
 
 
 @pytest.fixture(scope="module")
@@ -73,8 +74,14 @@ def compare(rows: list[dict], tmp_path: Path, tokenizer: object, *, through_wrap
     tokenizer_dir = Path(tokenizer.name_or_path)
     raw = slime_samples(rows, tmp_path, tokenizer_dir, sft_rollout.generate_rollout)
     end, newline = tokenizer.convert_tokens_to_ids(tokenizer.eos_token), tokenizer.encode("\n")[0]
-    if through_wrapper:
-        ours = slime_samples(rows, tmp_path, tokenizer_dir, generate_rollout)
+    if through_wrapper:  # as slime's RolloutManager runs it: loaded by the scripts' path, called through slime
+        from slime.rollout.base_types import call_rollout_fn
+        from slime.utils.misc import load_function
+
+        rollout = load_function(SCRIPTS_ROLLOUT_FUNCTION)
+        assert rollout is generate_rollout
+        ours = slime_samples(rows, tmp_path, tokenizer_dir,
+                             lambda *a: call_rollout_fn(rollout, *a, evaluation=False).samples)
     else:
         ours = copy.deepcopy(raw)
         for sample in ours:
