@@ -264,7 +264,7 @@ def test_async_grpo_runs_train_async_on_split_policy_gpus(dry_dir: Path) -> None
     got = flags(slime_job(cached_dry("train_grpo.sh", dry_dir, GRPO_ASYNC="1"), "train_async.py")[1])
     assert "--colocate" not in got
     assert got["--actor-num-gpus-per-node"] == "2" and got["--rollout-num-gpus"] == "2"
-    assert got["--rollout-function-path"] == "slime.rollout.fully_async_rollout.generate_rollout_fully_async"
+    assert got["--rollout-function-path"] == "tau2_rl_pipeline.slime_adapter.generate_rollout_fully_async"
     assert {"--partial-rollout", "--mask-offpolicy-in-partial-rollout", "--use-tis"} <= got.keys()
     assert got["--custom-generate-function-path"] == "tau2_rl_pipeline.slime_adapter.generate"
     sync = grpo_flags(dry_dir)

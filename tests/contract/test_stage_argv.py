@@ -136,7 +136,7 @@ def test_async_grpo_parses_as_meant(parsed: dict[str, list[dict]], layout: str) 
     args = only(parsed, f"train_grpo.sh@{layout}-async")
     assert parsed[f"train_grpo.sh@{layout}-async"][0]["entry"] == "train_async.py"
     assert args["colocate"] is False  # train_async.py asserts it
-    assert args["rollout_function_path"] == "slime.rollout.fully_async_rollout.generate_rollout_fully_async"
+    assert args["rollout_function_path"] == "tau2_rl_pipeline.slime_adapter.generate_rollout_fully_async"
     assert args["custom_generate_function_path"] == "tau2_rl_pipeline.slime_adapter.generate"
     assert args["partial_rollout"] is args["mask_offpolicy_in_partial_rollout"] is args["use_tis"] is True
     assert args["use_rollout_logprobs"] is False  # slime refuses it together with --use-tis
@@ -148,7 +148,7 @@ def test_async_grpo_parses_as_meant(parsed: dict[str, list[dict]], layout: str) 
 def test_async_grpo_options_switch_off(parsed: dict[str, list[dict]]) -> None:
     args = only(parsed, "train_grpo.sh-async-no-options")
     assert args["partial_rollout"] is args["mask_offpolicy_in_partial_rollout"] is args["use_tis"] is False
-    assert args["rollout_function_path"] == "slime.rollout.fully_async_rollout.generate_rollout_fully_async"
+    assert args["rollout_function_path"] == "tau2_rl_pipeline.slime_adapter.generate_rollout_fully_async"
 
 
 def test_grpo_options_parse(parsed: dict[str, list[dict]]) -> None:
