@@ -232,9 +232,9 @@ def task_list(domain: str):
 
 
 async def run_batch(base_url: str, domain: str, tasks: list, episodes: int, concurrency: int, tokenizer,
-                    cfg) -> dict:
-    """`episodes` scripted-user episodes (tasks cycled) through the evaluator's runner, at most `concurrency` in
-    flight: wall time, CPU, stalls, GC passes."""
+                    cfg, user_factory=None) -> dict:
+    """`episodes` episodes (tasks cycled; the scripted user unless `user_factory` says otherwise) through the
+    evaluator's runner, at most `concurrency` in flight: wall time, CPU, stalls, GC passes."""
     from eval.runner import run_episodes_on_sglang
     from tau2_rl_pipeline.users import make_user_factory
 
@@ -244,7 +244,7 @@ async def run_batch(base_url: str, domain: str, tasks: list, episodes: int, conc
     cpu0, t0 = time.process_time(), time.perf_counter()
     with Heartbeat() as beat, GcPauses() as gcp:
         await run_episodes_on_sglang(base_url, pending, concurrency=concurrency, tokenizer=tokenizer,
-                                     user_factory=make_user_factory("scripted", cfg),
+                                     user_factory=user_factory or make_user_factory("scripted", cfg),
                                      sampling=policy_sampling(tokenizer), cfg=cfg, seed=0, on_done=records.append)
     wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     statuses = {s: sum(r["status"] == s for r in records) for s in {r["status"] for r in records}}

@@ -43,6 +43,14 @@ class Tau2Config:
         "ends aborted", min_value=0))
     user_timeout_s: float = field(default=120.0, metadata=_meta(
         "seconds one user-simulator call may take before it is retried", min_value=0.1))
+    user_client: str = field(default="auto", metadata=_meta(
+        "how tau2's LLM user reaches its model: async = the project's client of an OpenAI-compatible "
+        "/v1/chat/completions on the event loop, sending tau2's requests (a local server); litellm = tau2's own "
+        "UserSimulator over litellm on worker threads (provider models: API keys, routing); auto = async when "
+        "TAU2_USER_API_BASE is set and TAU2_USER_MODEL starts with openai/, else litellm",
+        choices=("auto", "async", "litellm")))
+    user_max_in_flight: int = field(default=256, metadata=_meta(
+        "user-simulator requests open at once through the async client, per rollout process", min_value=1))
     # -- episode ----------------------------------------------------------------------------------
     max_steps: int = field(default=200, metadata=_meta(
         "tau2's max_steps: orchestrator steps before the episode ends as max_steps", min_value=1))
