@@ -44,6 +44,7 @@ OPENING = "Hi, I need help with my account. My user id is user_1."
 FOLLOW_UP = "Thanks. Could you also check one more thing for me?"
 GOODBYE = "That's all I needed, thank you! ###STOP###"
 MODEL = "canned-user"
+SHOWN = r".*(tau2/|litellm/|openai/|httpx/|httpcore/|aiohttp/|tau2_rl_pipeline/|pydantic/).*"  # frames profiled
 TURN_HISTORY = 13  # messages in the conversation of the per-turn measurement (the 13-message one)
 
 
@@ -221,7 +222,7 @@ def user_turns(args: argparse.Namespace, tmp: Path) -> dict:
             harness.PROFILES.mkdir(exist_ok=True)
             out = harness.PROFILES / f"user_turn_{args.client}.txt"
             out.write_text(f"# {' '.join(sys.argv)}\n\n" + profiler.output_text(
-                unicode=False, color=False, processor_options={"filter_threshold": 0.01}))
+                unicode=False, color=False, processor_options={"show_regex": SHOWN, "filter_threshold": 0.02}))
             print(f"profile: {out}", file=sys.stderr)
     return {"turns": args.turns, "cpu_s": cpu, "wall_s": wall, "client": type(users[0]).__name__}
 
