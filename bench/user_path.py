@@ -206,6 +206,7 @@ def user_turns(args: argparse.Namespace, tmp: Path) -> dict:
         async def run(n: int) -> None:
             for start in range(0, n, 32):
                 await asyncio.gather(*(turn(users[i % 32]) for i in range(start, min(n, start + 32))))
+            await factory.aclose()  # the async client's session belongs to this loop
 
         asyncio.run(run(32))  # warm-up: imports, connections
         profiler = None

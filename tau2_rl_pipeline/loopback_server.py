@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import json
 import random
 import sys
@@ -21,6 +22,7 @@ import threading
 import time
 import uuid
 from collections import deque
+from collections.abc import Iterator
 from enum import Enum
 from pathlib import Path
 from typing import Any
@@ -106,13 +108,15 @@ def truncate_scripted(ids: list[int], rule: StopRule, max_new_tokens: int) -> tu
     return list(ids), "stop"  # a script that ends early is an EOS the caller chose not to spell out
 
 
-def parse_qwen3_tool_calls(text: str) -> tuple[str, list[dict[str, Any]]]:
+def parse_qwen3_tool_calls(text: str, ids: Iterator[int] | None = None) -> tuple[str, list[dict[str, Any]]]:
     """Split Qwen3 output into content and OpenAI `tool_calls` with the project's parser; output that does not
-    parse stays whole in the content, as text, with no tool calls."""
+    parse stays whole in the content, as text, with no tool calls. Call ids are numbered from `ids` (a server's
+    own count, so that two runs of one script get the same ids), else random."""
     action = parse_completion(text)
     if action.error is not None:
         return text.strip(), []
-    calls = [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+    calls = [{"id": f"call_{next(ids):024x}" if ids is not None else f"call_{uuid.uuid4().hex[:24]}",
+              "type": "function",
               "function": {"name": c.name, "arguments": json.dumps(c.arguments, ensure_ascii=False)}}
              for c in action.tool_calls]
     return action.content, calls
@@ -137,7 +141,7 @@ class LoopbackServer:
     `faults` injects failures; `latency_s` delays every model request; `script(...)` queues token sequences that
     the next model requests return instead of sampling (log-probs then come from the real model scoring those
     tokens teacher-forced, at the request's temperature, without top-k/top-p). `requests` holds every (path,
-    JSON body) received, in order; `max_concurrent` the peak number of model requests open at once.
+    JSON body) received, in order (`raw_bodies`: their bytes); `max_concurrent` the peak number of model requests open at once.
     """
 
     def __init__(self, engine: TransformersEngine, *, model_name: str = "tiny", port: int = 0,
@@ -151,6 +155,8 @@ class LoopbackServer:
         self.default_max_tokens = default_max_tokens
         self.faults = FaultPlan(hang_s=hang_s)
         self.requests: list[tuple[str, Any]] = []
+        self.raw_bodies: list[bytes] = []  # the same requests' bodies, byte for byte
+        self._call_ids = itertools.count()
         self.max_concurrent = 0
         self.port = port
         self._open = 0
@@ -234,11 +240,13 @@ class LoopbackServer:
     # -- handlers -------------------------------------------------------------------------------------------
     async def _model_request(self, request: web.Request, answer: Any) -> web.StreamResponse:
         """What every model endpoint shares: record, count open requests, inject faults, add latency."""
+        raw = await request.read()
         try:
-            body = await request.json()
+            body = json.loads(raw)
         except ValueError:
             body = None
         self.requests.append((request.path, body))
+        self.raw_bodies.append(raw)
         self._open += 1
         self.max_concurrent = max(self.max_concurrent, self._open)
         try:
@@ -322,7 +330,7 @@ class LoopbackServer:
             seed=body.get("seed"))
         result, _ = await self._run(input_ids, sampling)
         text = self.tokenizer.decode(result.output_ids, skip_special_tokens=True)
-        content, tool_calls = parse_qwen3_tool_calls(text)
+        content, tool_calls = parse_qwen3_tool_calls(text, self._call_ids)
         finish = "tool_calls" if tool_calls else result.finish_reason
         message = {"role": "assistant", "content": content if (content or not tool_calls) else None,
                    "tool_calls": tool_calls or None}
