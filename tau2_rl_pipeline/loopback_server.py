@@ -272,12 +272,15 @@ class LoopbackServer:
         finally:
             self._open -= 1
 
-    async def _run(self, input_ids: list[int], sampling: SamplingParams) -> tuple[GenerateResult, int | str | None]:
-        """Sample (or replay the script) and say which stop id/string ended it, as SGLang's `matched` does."""
+    async def _run(self, input_ids: list[int], sampling: SamplingParams,
+                   logprobs_needed: bool = True) -> tuple[GenerateResult, int | str | None]:
+        """Sample (or replay the script) and say which stop id/string ended it, as SGLang's `matched` does.
+        A scripted answer is scored only where its log-probs are returned (`/generate`; chat answers carry none)."""
         rule = self.engine.stop_rule(sampling)
         if self._script:
             ids, finish = truncate_scripted(self._script.popleft(), rule, sampling.max_new_tokens)
-            logprobs = await asyncio.to_thread(self.engine.score, input_ids, ids, sampling.temperature)
+            logprobs = (await asyncio.to_thread(self.engine.score, input_ids, ids, sampling.temperature)
+                        if logprobs_needed else [0.0] * len(ids))
             result = GenerateResult(output_ids=ids, output_logprobs=logprobs, finish_reason=finish)
         else:
             result = await self.engine.generate(input_ids, sampling)
@@ -328,7 +331,7 @@ class LoopbackServer:
             temperature=float(body.get("temperature", 1.0)), top_p=float(body.get("top_p", 1.0)),
             max_new_tokens=int(max_tokens), stop=(stop,) if isinstance(stop, str) else tuple(stop),
             seed=body.get("seed"))
-        result, _ = await self._run(input_ids, sampling)
+        result, _ = await self._run(input_ids, sampling, logprobs_needed=False)
         text = self.tokenizer.decode(result.output_ids, skip_special_tokens=True)
         content, tool_calls = parse_qwen3_tool_calls(text, self._call_ids)
         finish = "tool_calls" if tool_calls else result.finish_reason

@@ -136,9 +136,23 @@ def test_the_same_replies_make_the_same_episode_and_rewards(pair, domain: str) -
 
 
 @pytest.mark.parametrize("domain", list(DOMAINS))
-def test_reasoning_is_kept_in_tokens_but_never_seen_by_the_user_or_the_evaluator(tiny_engine: Any, domain: str):
-    """A thinking policy's turn: the sampled ids keep `<think>...</think>`; the user simulator's requests, tau2's
-    messages (what its evaluator reads) and the agent's chat do not; the tool call inside it is not run."""
+def test_reasoning_is_never_seen_by_the_user_or_the_evaluator_nor_run(pair, domain: str) -> None:
+    """The last policy turn reasons with a tool call inside `<think>...</think>`: through either client, the user
+    simulator's requests, tau2's messages (what its evaluator reads) and the agent's chat never hold it, and the
+    call never runs."""
+    for episode, bodies in pair(domain).values():
+        assert all(SECRET not in body.decode() for body in bodies)
+        assert json.loads(bodies[-1])["messages"][-1]["content"] == "Is there anything else I can do?"
+        assert all(SECRET not in json.dumps(m.model_dump(mode="json")) for m in episode.evaluated_messages())
+        assert all(SECRET not in str(turn.get("content")) for turn in episode.agent_view())
+        agent_calls = [c for m in episode.messages if isinstance(m, AssistantMessage) for c in m.tool_calls or []]
+        assert len(agent_calls) == 1  # the first turn's; the one written inside the reasoning never ran
+        assert sum(isinstance(m, ToolMessage) and m.requestor == "assistant" for m in episode.messages) == 1
+
+
+def test_reasoning_stays_in_the_sampled_tokens(tiny_engine: Any) -> None:
+    """Token in, token out: the rollout trains on the reasoning as sampled, while tau2's side never sees it."""
+    domain = "mock"
     with LoopbackServer(tiny_engine) as user_server, LoopbackServer(tiny_engine) as policy_server:
         tokenizer = policy_server.tokenizer
         policy_server.script(*[tokenizer.encode(t + tokenizer.eos_token, add_special_tokens=False)
@@ -160,18 +174,14 @@ def test_reasoning_is_kept_in_tokens_but_never_seen_by_the_user_or_the_evaluator
                 await factory.aclose()
 
         traj = asyncio.run(go())
+        bodies = list(user_server.raw_bodies)
     assert traj.status == COMPLETED and traj.termination_reason == "user_stop", traj.error
     sampled = tokenizer.decode([t for t, m in zip(traj.response_ids, traj.loss_mask) if m],
                                skip_special_tokens=False)
-    assert f"<think>\n{SECRET}" in sampled  # token in, token out: the reasoning was trained on as sampled
-    assert all(SECRET not in body.decode() for body in user_server.raw_bodies)
-    assert len(user_server.raw_bodies) == len(user_replies(domain))
+    assert f"<think>\n{SECRET}" in sampled
+    assert len(bodies) == len(user_replies(domain)) and all(SECRET not in b.decode() for b in bodies)
     assert all(SECRET not in json.dumps(m.model_dump(mode="json")) for m in traj.messages)
-    assert all(SECRET not in str(turn.get("content")) for turn in traj.chat)
-    agent_calls = [c for m in traj.messages if isinstance(m, AssistantMessage) for c in m.tool_calls or []]
-    assert len(agent_calls) == 1  # the first turn's; the one written inside the reasoning never ran
-    assert sum(isinstance(m, ToolMessage) and m.requestor == "assistant" for m in traj.messages) == 1
-    assert traj.reward_info is not None
+    assert traj.reward_info is not None and "user_s" in traj.timings
 
 
 def test_split_reasoning_reads_a_turn_as_qwen3s_template_does() -> None:
