@@ -39,8 +39,8 @@ class Tau2Config:
     user_temperature: float = field(default=0.0, metadata=_meta(
         "sampling temperature of the user simulator", min_value=0.0, max_value=2.0))
     user_max_retries: int = field(default=4, metadata=_meta(
-        "litellm retries of a failed user-simulator call (errors, malformed answers, timeouts) before the episode "
-        "ends aborted", min_value=0))
+        "retries of a failed user-simulator call (errors, malformed answers, timeouts; the async client backs off "
+        "between them) before the episode ends aborted; also tau2's re-asks of an empty answer", min_value=0))
     user_timeout_s: float = field(default=120.0, metadata=_meta(
         "seconds one user-simulator call may take before it is retried", min_value=0.1))
     user_client: str = field(default="auto", metadata=_meta(
@@ -64,8 +64,9 @@ class Tau2Config:
         "cheap tau2 environments (databases parsed once, copy-on-read records, cached hashes) for episodes and "
         "their evaluation; rewards identical to tau2's native path (bench/env_cost.py); off = tau2's own"))
     episode_workers: int = field(default=64, metadata=_meta(
-        "threads for blocking episode work (tau2 tools, user-simulator calls, evaluation) shared by all "
-        "episodes in flight in one process; 0 = on the event loop (scripted user only: fastest with fast_env)",
+        "threads for blocking episode work (tau2 tools, litellm user-simulator calls, evaluation) shared by all "
+        "episodes in flight in one process; 0 = on the event loop (the scripted user or the async user client: "
+        "fastest with fast_env; litellm refuses it)",
         min_value=0))
     # -- reward shaping (reward.py) ---------------------------------------------------------------
     use_partial_credit: bool = field(default=True, metadata=_meta(
