@@ -14,8 +14,9 @@ counted in its raw bytes, so the server spends next to no CPU of the machine mea
    (generate calls + user calls) x latency / concurrency: every call of an episode waits for the one before it.
    CPU per episode, event-loop stalls (a 10 ms heartbeat), efficiency = ideal / achieved.
 2. *User turns*: `--turns` calls of the user simulator alone (`generate_next_message` on a 13-message
-   conversation, as in the issue's measurement), 32 in flight, against the same server with no latency: CPU of
-   this process per user turn, all threads (`time.process_time`). `--profile` profiles them (pyinstrument; for
+   conversation, as in the issue's measurement; `--turn-domain telecom` with the user's 30 device tools), 32 in
+   flight, against the same server with no latency: CPU of this process per user turn, all threads
+   (`time.process_time`). `--profile` profiles them (pyinstrument; for
    litellm, the calls run one at a time on the main thread so the profiler sees them).
 Exits 0 and prints markdown tables.
 """
@@ -185,8 +186,8 @@ def user_turns(args: argparse.Namespace, tmp: Path) -> dict:
     with CannedUser(0.0, 10_000, tmp) as server:
         cfg = user_config(argparse.Namespace(**{**vars(args), "workers": max(args.workers, 32)}), server.base_url)
         factory = make_user_factory("llm", cfg)
-        task = harness.task_list("mock")[0]
-        environment = build_environment("mock")
+        task = harness.task_list(args.turn_domain)[0]
+        environment = build_environment(args.turn_domain)
         history = conversation(task)
         question = AssistantMessage(role="assistant", content="Is there anything else I can do for you?")
         users = [factory(task, environment) for _ in range(32)]
@@ -221,7 +222,7 @@ def user_turns(args: argparse.Namespace, tmp: Path) -> dict:
         if profiler is not None:
             profiler.stop()
             harness.PROFILES.mkdir(exist_ok=True)
-            out = harness.PROFILES / f"user_turn_{args.client}.txt"
+            out = harness.PROFILES / f"user_turn_{args.client}_{args.turn_domain}.txt"
             out.write_text(f"# {' '.join(sys.argv)}\n\n" + profiler.output_text(
                 unicode=False, color=False, processor_options={"show_regex": SHOWN, "filter_threshold": 0.02}))
             print(f"profile: {out}", file=sys.stderr)
@@ -232,7 +233,7 @@ def turns_table(args: argparse.Namespace, r: dict) -> str:
     per = r["cpu_s"] / r["turns"] * 1e3
     rows = [
         ("client (user class)", f"{args.client} ({r['client']})"),
-        ("user turns (13-message conversation, 32 in flight, no latency)", f"{r['turns']}"),
+        ("user turns (13-message conversation, 32 in flight, no latency)", f"{r['turns']} ({args.turn_domain})"),
         ("CPU of this process per user turn, target <= 1 ms", f"{per:.2f} ms ({'yes' if per <= 1.0 else 'no'})"),
         ("wall", f"{r['wall_s']:.2f} s"),
     ]
@@ -251,6 +252,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tool-turns", type=int, default=2, help="agent turns that call a tool before replying")
     parser.add_argument("--user-turns", type=int, default=3, help="user turns per episode, the last one a stop")
     parser.add_argument("--turns", type=int, default=320, help="user turns of the per-turn CPU measurement")
+    parser.add_argument("--turn-domain", choices=("mock", "telecom"), default="mock",
+                        help="the user-turn measurement's task (telecom: with the user's device tools)")
     parser.add_argument("--turns-only", action="store_true", help="skip the episodes")
     parser.add_argument("--profile", action="store_true", help="pyinstrument profile of the user turns")
     parser.add_argument("--serve-user", metavar="SPEC", help=argparse.SUPPRESS)  # the canned user's own process

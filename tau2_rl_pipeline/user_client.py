@@ -51,9 +51,9 @@ def api_message(message: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in message.items() if v is not None}
 
 
-def user_request_payload(model: str, messages: list[Message], tools: list | None, llm_args: dict) -> dict:
-    """The chat-completions payload litellm sends for tau2's `generate(model, messages, tools, **llm_args)`."""
-    schemas = [tool.openai_schema for tool in tools] if tools else None
+def user_request_payload(model: str, messages: list[Message], schemas: list[dict] | None, llm_args: dict) -> dict:
+    """The chat-completions payload litellm sends for tau2's `generate(model, messages, tools, **llm_args)`, the
+    tools given as their `openai_schema`s."""
     params = {"seed": llm_args.get("seed"), "temperature": llm_args.get("temperature"),
               "tool_choice": "auto" if schemas else None, "tools": schemas}
     payload: dict[str, Any] = {"messages": [api_message(m) for m in to_litellm_messages(messages)],
@@ -63,9 +63,9 @@ def user_request_payload(model: str, messages: list[Message], tools: list | None
     return payload
 
 
-def user_request_body(model: str, messages: list[Message], tools: list | None, llm_args: dict) -> bytes:
+def user_request_body(model: str, messages: list[Message], schemas: list[dict] | None, llm_args: dict) -> bytes:
     """The request body as sent: compact JSON, non-ASCII as UTF-8 (as the OpenAI SDK under litellm writes it)."""
-    return json.dumps(user_request_payload(model, messages, tools, llm_args), separators=(",", ":"),
+    return json.dumps(user_request_payload(model, messages, schemas, llm_args), separators=(",", ":"),
                       ensure_ascii=False).encode()
 
 
@@ -114,6 +114,8 @@ class AsyncUserSimulator(UserSimulator):
     def __init__(self, client: RetryingPost, *, tools=None, instructions=None, llm: str, llm_args: dict):
         super().__init__(tools=tools, instructions=instructions, llm=llm, llm_args=llm_args)
         self.client = client
+        # tau2 rebuilds each tool's schema from its pydantic model on every call; the tools never change
+        self.tool_schemas = [tool.openai_schema for tool in tools] if tools else None
 
     def generate_next_message(self, message: ValidUserInputMessage, state: UserState):
         raise TypeError("AsyncUserSimulator is asynchronous: await agenerate_next_message(message, state)")
@@ -125,7 +127,8 @@ class AsyncUserSimulator(UserSimulator):
             state.messages.extend(message.tool_messages)
         else:
             state.messages.append(message)
-        body = user_request_body(self.llm, state.system_messages + state.flip_roles(), self.tools, self.llm_args)
+        body = user_request_body(self.llm, state.system_messages + state.flip_roles(), self.tool_schemas,
+                                 self.llm_args)
         retries = self.llm_args.get("num_retries", 0)
         for attempt in range(retries + 1):
             try:
