@@ -194,8 +194,10 @@ def user_turns(args: argparse.Namespace, tmp: Path) -> dict:
         asynchronous = hasattr(users[0], "agenerate_next_message")
         executor = shared_executor(32)
 
-        async def turn(user) -> None:
-            state = user.get_init_state(copy.deepcopy(history))
+        def states(n: int) -> list:  # made before the clock starts: the conversation so far, per turn
+            return [users[i % 32].get_init_state(copy.deepcopy(history)) for i in range(n)]
+
+        async def turn(user, state) -> None:
             if asynchronous:
                 await user.agenerate_next_message(question, state)
             elif args.profile:  # one at a time on this thread, where the profiler looks
@@ -204,12 +206,13 @@ def user_turns(args: argparse.Namespace, tmp: Path) -> dict:
                 await asyncio.get_running_loop().run_in_executor(executor, user.generate_next_message, question,
                                                                  state)
 
-        async def run(n: int) -> None:
-            for start in range(0, n, 32):
-                await asyncio.gather(*(turn(users[i % 32]) for i in range(start, min(n, start + 32))))
+        async def run(todo: list) -> None:
+            for start in range(0, len(todo), 32):
+                await asyncio.gather(*(turn(users[i % 32], todo[i]) for i in range(start, min(len(todo), start + 32))))
             await factory.aclose()  # the async client's session belongs to this loop
 
-        asyncio.run(run(32))  # warm-up: imports, connections
+        asyncio.run(run(states(32)))  # warm-up: imports, connections
+        todo = states(args.turns)
         profiler = None
         if args.profile:
             from pyinstrument import Profiler
@@ -217,7 +220,7 @@ def user_turns(args: argparse.Namespace, tmp: Path) -> dict:
             profiler = Profiler(interval=0.0005, async_mode="disabled")
             profiler.start()
         cpu0, t0 = time.process_time(), time.perf_counter()
-        asyncio.run(run(args.turns))
+        asyncio.run(run(todo))
         cpu, wall = time.process_time() - cpu0, time.perf_counter() - t0
         if profiler is not None:
             profiler.stop()
