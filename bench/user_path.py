@@ -58,8 +58,6 @@ def user_reply(turn: int, user_turns: int) -> str:
 
 def serve_user(spec_path: str) -> None:
     """Run the canned user until stdin closes; prints its port first."""
-    from aiohttp import web
-
     spec = json.loads(Path(spec_path).read_text())
     latency, user_turns = spec["latency_s"], spec["user_turns"]
     bodies = [json.dumps({
@@ -69,28 +67,8 @@ def serve_user(spec_path: str) -> None:
         "usage": {"prompt_tokens": 1000, "completion_tokens": 12, "total_tokens": 1012}}).encode()
         for t in range(user_turns)]
     own_turns = re.compile(rb'"role":\s*"assistant"')  # the user's earlier turns, role-flipped
-    calls = [0]
-
-    async def chat(request: web.Request) -> web.Response:
-        turn = len(own_turns.findall(await request.read()))
-        calls[0] += 1
-        await asyncio.sleep(latency)
-        return web.Response(body=bodies[min(turn, user_turns - 1)], content_type="application/json")
-
-    async def count(request: web.Request) -> web.Response:
-        return web.json_response({"calls": calls[0]})
-
-    async def main() -> None:
-        app = web.Application(client_max_size=64 * 1024 * 1024)
-        app.router.add_post("/v1/chat/completions", chat)
-        app.router.add_get("/calls", count)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", 0, backlog=4096).start()
-        print(runner.addresses[0][1], flush=True)
-        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)  # parent gone or done
-
-    asyncio.run(main())
+    harness.serve_canned("/v1/chat/completions", latency,
+                         lambda request: bodies[min(len(own_turns.findall(request)), user_turns - 1)])
 
 
 class CannedUser(harness.CannedSGLang):
@@ -139,7 +117,7 @@ def episodes(args: argparse.Namespace, tmp: Path, tokenizer) -> dict:
 
 
 def episodes_table(args: argparse.Namespace, r: dict) -> str:
-    ok = lambda good: "yes" if good else "no"  # noqa: E731
+    ok = harness.yes_no
     rows = [
         ("client / episode_workers", f"{args.client} / {args.workers}"),
         ("episodes / concurrency / latency per call", f"{args.episodes} / {args.concurrency} / "
@@ -154,7 +132,7 @@ def episodes_table(args: argparse.Namespace, r: dict) -> str:
         ("cyclic GC: full passes / longest", f"{r['gc_full']} / {r['gc_full_max_s'] * 1e3:.0f} ms"),
         ("CPU (all threads) per episode", f"{r['cpu_s'] / args.episodes * 1e3:.1f} ms"),
     ]
-    return "\n".join(["| measure | value |", "|---|---|", *(f"| {k} | {v} |" for k, v in rows)])
+    return harness.markdown_table(rows)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -240,7 +218,7 @@ def turns_table(args: argparse.Namespace, r: dict) -> str:
         ("CPU of this process per user turn, target <= 1 ms", f"{per:.2f} ms ({'yes' if per <= 1.0 else 'no'})"),
         ("wall", f"{r['wall_s']:.2f} s"),
     ]
-    return "\n".join(["| measure | value |", "|---|---|", *(f"| {k} | {v} |" for k, v in rows)])
+    return harness.markdown_table(rows)
 
 
 def main(argv: list[str] | None = None) -> int:
