@@ -74,7 +74,7 @@ def serve_user(spec_path: str) -> None:
 class CannedUser(harness.CannedSGLang):
     """The canned user as a child process; `base_url` while inside `with` (the API base is base_url + /v1)."""
 
-    def __init__(self, latency_s: float, user_turns: int, spec_dir: Path):  # noqa: D107 (no tokenizer needed)
+    def __init__(self, latency_s: float, user_turns: int, spec_dir: Path):  # no tokenizer, unlike the engine's
         self.spec = spec_dir / "canned_user.json"
         self.spec.write_text(json.dumps({"latency_s": latency_s, "user_turns": user_turns}))
         self.proc = None
@@ -120,8 +120,8 @@ def episodes_table(args: argparse.Namespace, r: dict) -> str:
     ok = harness.yes_no
     rows = [
         ("client / episode_workers", f"{args.client} / {args.workers}"),
-        ("episodes / concurrency / latency per call", f"{args.episodes} / {args.concurrency} / "
-                                                      f"{args.latency * 1e3:.0f} ms"),
+        ("episodes / concurrency / latency per call",
+         f"{args.episodes} / {args.concurrency} / {args.latency * 1e3:.0f} ms"),
         ("generate calls / user calls", f"{r['calls']} / {r['user_calls']}"),
         ("statuses", ", ".join(f"{k} {v}" for k, v in sorted(r["statuses"].items()))),
         ("ideal wall ((generate + user calls) x latency / concurrency)", f"{r['ideal_s']:.2f} s"),

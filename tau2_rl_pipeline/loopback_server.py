@@ -141,7 +141,8 @@ class LoopbackServer:
     `faults` injects failures; `latency_s` delays every model request; `script(...)` queues token sequences that
     the next model requests return instead of sampling (log-probs then come from the real model scoring those
     tokens teacher-forced, at the request's temperature, without top-k/top-p). `requests` holds every (path,
-    JSON body) received, in order (`raw_bodies`: their bytes); `max_concurrent` the peak number of model requests open at once.
+    JSON body) received, in order (`raw_bodies`: their bytes); `max_concurrent` the peak number of model requests
+    open at once.
     """
 
     def __init__(self, engine: TransformersEngine, *, model_name: str = "tiny", port: int = 0,

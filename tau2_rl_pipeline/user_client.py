@@ -43,7 +43,7 @@ class UserClientError(RuntimeError):
 
 def served_model_name(model: str) -> str:
     """The model name the server sees: litellm's `openai/<name>` route sends `<name>`."""
-    return model[len(OPENAI_PREFIX):] if model.startswith(OPENAI_PREFIX) else model
+    return model.removeprefix(OPENAI_PREFIX)
 
 
 def api_message(message: dict[str, Any]) -> dict[str, Any]:

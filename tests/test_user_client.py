@@ -88,7 +88,7 @@ def drive(domain: str, server: LoopbackServer, client: str) -> Episode:
     return episode
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _pair(domain: str, engine: Any) -> dict[str, tuple[Episode, list[bytes]]]:
     out = {}
     for client in ("litellm", "async"):
