@@ -109,7 +109,8 @@ def chat_client(api_base: str, *, timeout_s: float, max_retries: int, max_in_fli
 
 
 class AsyncUserSimulator(UserSimulator):
-    """tau2's `UserSimulator` whose model call is awaited on the event loop (`agenerate_next_message`)."""
+    """tau2's `UserSimulator` whose model call is awaited on the event loop (`agenerate_next_message`); the
+    blocking `generate_next_message` stays tau2's, over litellm."""
 
     def __init__(self, client: RetryingPost, *, tools=None, instructions=None, llm: str, llm_args: dict):
         super().__init__(tools=tools, instructions=instructions, llm=llm, llm_args=llm_args)
@@ -118,7 +119,8 @@ class AsyncUserSimulator(UserSimulator):
         self.tool_schemas = [tool.openai_schema for tool in tools] if tools else None
 
     def generate_next_message(self, message: ValidUserInputMessage, state: UserState):
-        raise TypeError("AsyncUserSimulator is asynchronous: await agenerate_next_message(message, state)")
+        """A blocking caller (the gym wrapper, a script) gets tau2's own path: litellm, the same request."""
+        return super().generate_next_message(message, state)
 
     async def agenerate_next_message(self, message: ValidUserInputMessage,
                                      state: UserState) -> tuple[UserMessage, UserState]:

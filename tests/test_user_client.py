@@ -259,3 +259,24 @@ def test_the_payload_follows_the_users_llm_args() -> None:
     payload = user_request_payload("openai/m", messages, None, {"temperature": 0.5, "extra_body": {"x": 1}})
     assert list(payload) == ["messages", "model", "temperature", "x"] and payload["model"] == "m"
     assert "seed" not in payload
+
+
+def test_a_blocking_caller_of_the_async_user_gets_tau2s_own_path(tiny_engine: Any) -> None:
+    """The gym wrapper and scripts call `generate_next_message`: tau2's litellm call, the same request."""
+    with LoopbackServer(tiny_engine) as server:
+        tokenizer = server.tokenizer
+        server.script(*[tokenizer.encode("Hello." + tokenizer.eos_token, add_special_tokens=False)] * 2)
+        factory = make_user_factory("llm", llm_config(server, "async"))
+        user = factory(first_task("mock"), build_environment("mock"))
+        greeting = AssistantMessage(role="assistant", content="Hi! How can I help you today?")
+        blocking, _ = user.generate_next_message(greeting, user.get_init_state())
+
+        async def go():
+            reply, _ = await user.agenerate_next_message(greeting, user.get_init_state())
+            await factory.aclose()
+            return reply
+
+        awaited = asyncio.run(go())
+        bodies = list(server.raw_bodies)
+    assert isinstance(user, AsyncUserSimulator) and blocking.content == awaited.content == "Hello."
+    assert bodies[0] == bodies[1]
