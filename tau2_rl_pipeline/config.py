@@ -9,9 +9,11 @@ environment by litellm / huggingface-hub when used.
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import math
 import os
+import textwrap
 import typing
 from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
@@ -39,10 +41,18 @@ class Tau2Config:
     user_temperature: float = field(default=0.0, metadata=_meta(
         "sampling temperature of the user simulator", min_value=0.0, max_value=2.0))
     user_max_retries: int = field(default=4, metadata=_meta(
-        "litellm retries of a failed user-simulator call (errors, malformed answers, timeouts) before the episode "
-        "ends aborted", min_value=0))
+        "retries of a failed user-simulator call (errors, malformed answers, timeouts; the async client backs off "
+        "between them) before the episode ends aborted; also tau2's re-asks of an empty answer", min_value=0))
     user_timeout_s: float = field(default=120.0, metadata=_meta(
         "seconds one user-simulator call may take before it is retried", min_value=0.1))
+    user_client: str = field(default="auto", metadata=_meta(
+        "how tau2's LLM user reaches its model: async = the project's client of an OpenAI-compatible "
+        "/v1/chat/completions on the event loop, sending tau2's requests (a local server); litellm = tau2's own "
+        "UserSimulator over litellm on worker threads (provider models: API keys, routing); auto = async when "
+        "TAU2_USER_API_BASE is set and TAU2_USER_MODEL starts with openai/, else litellm",
+        choices=("auto", "async", "litellm")))
+    user_max_in_flight: int = field(default=256, metadata=_meta(
+        "user-simulator requests open at once through the async client, per rollout process", min_value=1))
     # -- episode ----------------------------------------------------------------------------------
     max_steps: int = field(default=200, metadata=_meta(
         "tau2's max_steps: orchestrator steps before the episode ends as max_steps", min_value=1))
@@ -56,8 +66,9 @@ class Tau2Config:
         "cheap tau2 environments (databases parsed once, copy-on-read records, cached hashes) for episodes and "
         "their evaluation; rewards identical to tau2's native path (bench/env_cost.py); off = tau2's own"))
     episode_workers: int = field(default=64, metadata=_meta(
-        "threads for blocking episode work (tau2 tools, user-simulator calls, evaluation) shared by all "
-        "episodes in flight in one process; 0 = on the event loop (scripted user only: fastest with fast_env)",
+        "threads for blocking episode work (tau2 tools, litellm user-simulator calls, evaluation) shared by all "
+        "episodes in flight in one process; 0 = on the event loop (the scripted user or the async user client: "
+        "fastest with fast_env; litellm refuses it)",
         min_value=0))
     # -- policy server (engines.py) and aborted runs ---------------------------------------------
     engine_max_retries: int = field(default=4, metadata=_meta(
@@ -206,22 +217,73 @@ def _parse(name: str, raw: str, typ: Any) -> Any:
         raise ConfigError(f"{name}={raw!r} is not a valid {kind}") from None
 
 
+def config_help() -> str:
+    """Every config flag with its variable, default and meaning (what --help-config prints)."""
+    lines = ["tau2 config: each flag overrides its TAU2_* variable (configs/.env.template), which overrides the default"]
+    for f in fields(Tau2Config):
+        default = ",".join(map(str, f.default)) if isinstance(f.default, tuple) else f.default
+        flag = "--" + f.name.replace("_", "-")
+        if typing.get_type_hints(Tau2Config)[f.name] is bool:
+            flag = f"{flag} / --no-{f.name.replace('_', '-')}"
+        lines.append(f"  {flag}  ({env_var(f.name)}, default {default!r})")
+        lines += textwrap.wrap(f.metadata["doc"], 110, initial_indent="      ", subsequent_indent="      ")
+    return "\n".join(lines)
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """--help on one screen: the help text beside each flag, and no "(default: None)"."""
+
+    def __init__(self, prog: str, **kwargs: Any) -> None:
+        super().__init__(prog, max_help_position=36, **kwargs)
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default is None or action.default is False:
+            return action.help
+        return super()._get_help_string(action)
+
+    def _format_action(self, action: argparse.Action) -> str:
+        if action.help is None and action.option_strings and not any(
+                action.default is v for v in (None, False, argparse.SUPPRESS)):
+            action = copy.copy(action)  # a flag without help still shows its default
+            action.help = "default: %(default)s"
+        return super()._format_action(action)
+
+
+def command_parser(prog: str, description: str, epilog: str | None = None,
+                   formatter_class: type[argparse.HelpFormatter] = HelpFormatter) -> argparse.ArgumentParser:
+    """The parser of an installed command (pyproject's [project.scripts]): `prog [options]`, help on one screen."""
+    return argparse.ArgumentParser(prog=prog, usage="%(prog)s [options]", description=description, epilog=epilog,
+                                   formatter_class=formatter_class)
+
+
+class _HelpConfig(argparse.Action):
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, nargs=0,
+                         help="list the tau2 config flags (every TAU2_* setting: reward, curriculum, episode limits, "
+                              "user simulator) and exit")
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(config_help())
+        parser.exit()
+
+
 def add_config_args(parser: argparse.ArgumentParser) -> None:
-    """Expose every config field as a `--flag` (default None = keep the env/default value)."""
+    """Expose every config field as a `--flag` (default None = keep the env/default value). They are left out of
+    --help, which stays one screen; --help-config lists them."""
     hints = typing.get_type_hints(Tau2Config)
-    group = parser.add_argument_group("tau2 config (each also settable as TAU2_<NAME>)")
+    parser.add_argument("--help-config", action=_HelpConfig)
     for f in fields(Tau2Config):
         flag = "--" + f.name.replace("_", "-")
         typ = hints[f.name]
         if typ is bool:
-            group.add_argument(flag, dest=f.name, default=None, action=argparse.BooleanOptionalAction,
-                               help=f.metadata["doc"])
+            parser.add_argument(flag, dest=f.name, default=None, action=argparse.BooleanOptionalAction,
+                                help=argparse.SUPPRESS)
         elif typing.get_origin(typ) is tuple:
-            group.add_argument(flag, dest=f.name, default=None,
-                               type=lambda s, n=env_var(f.name): _parse(n, s, tuple[float, ...]),
-                               help=f.metadata["doc"] + " (comma-separated)")
+            parser.add_argument(flag, dest=f.name, default=None,
+                                type=lambda s, n=env_var(f.name): _parse(n, s, tuple[float, ...]),
+                                help=argparse.SUPPRESS)
         else:
-            group.add_argument(flag, dest=f.name, default=None, type=typ, help=f.metadata["doc"])
+            parser.add_argument(flag, dest=f.name, default=None, type=typ, help=argparse.SUPPRESS)
 
 
 def config_from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> Tau2Config:

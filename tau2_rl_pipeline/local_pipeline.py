@@ -25,7 +25,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from tau2_rl_pipeline.config import ConfigError, Tau2Config, add_config_args, config_from_args
+from tau2_rl_pipeline.config import ConfigError, Tau2Config, add_config_args, command_parser, config_from_args
 from tau2_rl_pipeline.demo_report import (
     grpo_summary,
     print_stage_table,
@@ -41,7 +41,6 @@ from tau2_rl_pipeline.stage_book import SKIP, StageBook, StaleOutputError
 from tau2_rl_pipeline.tasks import DOMAINS, TaskLookupError, check_split
 from tau2_rl_pipeline.trainer import LocalTrainer, TrainConfig, sft_example_from_chat
 
-ROOT = Path(__file__).resolve().parents[1]
 DEMO_MAX_TURNS = 8  # unless --max-turns or TAU2_MAX_TURNS say otherwise: mock tasks take 2-3 policy turns
 DEMO_TASK_SAMPLER = "learning_value"  # unless --task-sampler or TAU2_TASK_SAMPLER say otherwise (see main)
 # Config fields that change how fast episodes run, or the LLM user the scripted user replaces, never an outcome.
@@ -117,7 +116,7 @@ def evaluate_stage(args, model_dir: Path, out: Path, stage: str, num_samples: in
 def run_child(cmd: list[str], what: str) -> None:
     """Run a child process to the end. Ctrl-C reaches it too (same process group): it reports what it kept in one
     line and exits, and this process then stops without a line of its own."""
-    proc = subprocess.Popen(cmd, cwd=ROOT)
+    proc = subprocess.Popen(cmd)  # in the caller's directory, where the relative --out and --model paths are
     try:
         code = proc.wait()
     except KeyboardInterrupt:
@@ -156,10 +155,13 @@ def rft_stage(args, sft_dir: Path, out: Path, split: str) -> tuple[list[dict], d
 
 # -- CLI -----------------------------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m tau2_rl_pipeline.local_pipeline", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-                                epilog=f"Unless set by flag or variable, the demo uses --max-turns {DEMO_MAX_TURNS} and "
-                                       f"--task-sampler {DEMO_TASK_SAMPLER}.")
+    p = command_parser(
+        "tau2-rl-demo", __doc__.split("\n\n")[0],
+        epilog="Writes <out>/report.json (every stage's numbers with counts, GRPO steps with signal), charts and each "
+               "stage's Pass@K run, then prints the stage table. Each output is recorded with the settings that made "
+               "it: a rerun skips, resumes or redoes each stage and says which. Unless set by flag or variable, the "
+               f"demo uses --max-turns {DEMO_MAX_TURNS} and --task-sampler {DEMO_TASK_SAMPLER}. Scripted user: a "
+               "plumbing and learning-signal check, not a tau2 score.")
     p.add_argument("--domain", default="mock", choices=DOMAINS)
     p.add_argument("--split", default=None, help="task split trained and evaluated on (default: mock base, else train)")
     p.add_argument("--eval-split", default=None, help="split evaluated on (default: mock base, else test)")
