@@ -55,6 +55,7 @@ MOCK_IDS = [t.id for t in load_tasks("mock", "base")]
 SMALL = ["--user", "scripted", "--domains", "mock", "--task-split", "base", "--num-samples", "2",
          "--max-new-tokens", "12", "--max-turns", "3", "--temperature", "1.0", "--top-p", "1.0", "--top-k", "-1"]
 SECRET = "sk-planted-SECRET-0123456789"
+BENCH = {"tau2_version": "26.3", "task_set_hash": "0123456789abcdef"}
 
 
 def run_cli(*argv: str) -> tuple[int, str, str]:
@@ -494,20 +495,35 @@ def test_pick_records_prefers_the_last_finished_episode() -> None:
 
 def test_append_after_a_torn_tail_truncates_it_first(tmp_path: Path) -> None:
     path = tmp_path / "e.jsonl"
-    log = EpisodesFile(path, {"seed": 1})
+    log = EpisodesFile(path, {"seed": 1}, benchmark=BENCH)
     log.open_for_append()
     log.append(_rec("t", 0))
     log.close()
     with open(path, "ab") as f:
         f.write(b'{"domain": "mock", "task_')  # a write cut by SIGKILL
-    again = EpisodesFile(path, {"seed": 1})
+    again = EpisodesFile(path, {"seed": 1}, benchmark=BENCH)
     assert list(again.load()) == [("mock", "t", 0)]
     again.open_for_append()
     again.append(_rec("t", 1))
     again.close()
     assert list(read_episodes(path)) == [("mock", "t", 0), ("mock", "t", 1)]
     with pytest.raises(EpisodesFileError, match=r"other settings \(seed\)"):
-        EpisodesFile(path, {"seed": 2}).load()
+        EpisodesFile(path, {"seed": 2}, benchmark=BENCH).load()
+
+
+def test_an_episode_file_of_another_tau2_version_or_task_set_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "e.jsonl"
+    log = EpisodesFile(path, {"seed": 1}, benchmark=BENCH)
+    log.open_for_append()
+    log.append(_rec("t", 0))
+    log.close()
+    other_version = {**BENCH, "tau2_version": "1.0.1"}
+    with pytest.raises(EpisodesFileError, match=r"produced with tau2 26\.3, this run uses tau2 1\.0\.1") as e:
+        EpisodesFile(path, {"seed": 1}, benchmark=other_version).load()
+    assert "\n" not in str(e.value)
+    with pytest.raises(EpisodesFileError, match="another task set"):
+        EpisodesFile(path, {"seed": 1}, benchmark={**BENCH, "task_set_hash": "0" * 16}).load()
+    assert list(EpisodesFile(path, {"seed": 1}, benchmark=dict(BENCH)).load()) == [("mock", "t", 0)]
 
 
 def test_episode_seed_depends_on_every_part_of_the_key() -> None:

