@@ -21,6 +21,7 @@ import threading
 import time
 import uuid
 from collections import deque
+from collections.abc import Callable
 from enum import Enum
 from pathlib import Path
 from typing import Any
@@ -136,7 +137,9 @@ class LoopbackServer:
 
     `faults` injects failures; `latency_s` delays every model request; `script(...)` queues token sequences that
     the next model requests return instead of sampling (log-probs then come from the real model scoring those
-    tokens teacher-forced, at the request's temperature, without top-k/top-p). `requests` holds every (path,
+    tokens teacher-forced, at the request's temperature, without top-k/top-p). `chat_answer(body) -> str | None`,
+    when set, gives the text of a `/v1/chat/completions` answer instead (e.g. a judge's verdict, which a tiny model
+    cannot give); None falls through to the model. `requests` holds every (path,
     JSON body) received, in order; `max_concurrent` the peak number of model requests open at once.
     """
 
@@ -155,6 +158,7 @@ class LoopbackServer:
         self.port = port
         self._open = 0
         self._script: deque[list[int]] = deque()
+        self.chat_answer: Callable[[dict[str, Any]], str | None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._startup_error: BaseException | None = None
@@ -320,8 +324,13 @@ class LoopbackServer:
             temperature=float(body.get("temperature", 1.0)), top_p=float(body.get("top_p", 1.0)),
             max_new_tokens=int(max_tokens), stop=(stop,) if isinstance(stop, str) else tuple(stop),
             seed=body.get("seed"))
-        result, _ = await self._run(input_ids, sampling)
-        text = self.tokenizer.decode(result.output_ids, skip_special_tokens=True)
+        answer = self.chat_answer(body) if self.chat_answer is not None else None
+        if answer is not None:
+            ids = self.tokenizer.encode(answer, add_special_tokens=False)
+            result, text = GenerateResult(output_ids=ids, output_logprobs=[0.0] * len(ids), finish_reason="stop"), answer
+        else:
+            result, _ = await self._run(input_ids, sampling)
+            text = self.tokenizer.decode(result.output_ids, skip_special_tokens=True)
         content, tool_calls = parse_qwen3_tool_calls(text)
         finish = "tool_calls" if tool_calls else result.finish_reason
         message = {"role": "assistant", "content": content if (content or not tool_calls) else None,

@@ -77,3 +77,31 @@ def loopback(tiny_engine: Any) -> Iterator[Any]:
 
     with LoopbackServer(tiny_engine) as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def loopback_judge(tiny_engine: Any) -> Iterator[Any]:
+    """A loopback server answering tau2 1.0.1's NL-assertion judge prompts (tests/judge_double.py), installed as
+    the run's judge (TAU2_JUDGE_* settings, quick retries) for the whole session."""
+    from judge_double import judge_answer
+
+    from tau2_rl_pipeline import judge
+    from tau2_rl_pipeline.config import Tau2Config
+    from tau2_rl_pipeline.loopback_server import LoopbackServer
+
+    with LoopbackServer(tiny_engine, model_name="judge") as server:
+        server.chat_answer = judge_answer()
+        cfg = Tau2Config.from_env({}, judge_model="openai/judge", judge_api_base=f"{server.base_url}/v1",
+                                  judge_max_retries=1, judge_backoff_s=0.01, judge_timeout_s=30.0)
+        judge.configure(cfg)
+        server.cfg = cfg
+        yield server
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _judge_for_tau2_v1(request: pytest.FixtureRequest) -> None:
+    """On tau2 1.0.1, retail is graded by an LLM judge: every test evaluates with the loopback judge."""
+    from tau2_rl_pipeline.tau2_version import V1
+
+    if V1:
+        request.getfixturevalue("loopback_judge")
