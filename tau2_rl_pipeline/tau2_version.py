@@ -95,9 +95,10 @@ def judge_default_model() -> str | None:
 
 
 def needs_judge(task: "Task") -> bool:
-    """Whether tau2 scores this task with its LLM judge (NL_ASSERTION in the reward basis)."""
+    """Whether tau2 calls its LLM judge on this task: NL_ASSERTION in the reward basis and assertions to judge
+    (1.0.1 retail test: 39 tasks have the basis, 11 have assertions; the others score that part 1.0 unjudged)."""
     criteria = task.evaluation_criteria
-    if criteria is None or not criteria.reward_basis:
+    if criteria is None or not criteria.reward_basis or not getattr(criteria, "nl_assertions", None):
         return False
     return any(getattr(b, "value", b) == "NL_ASSERTION" for b in criteria.reward_basis)
 
