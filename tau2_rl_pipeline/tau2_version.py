@@ -123,8 +123,24 @@ class BenchmarkMismatch(ValueError):
 
 def task_set_hash(tasks: Mapping[str, Sequence["Task"]]) -> str:
     """sha256 (first 16 hex) of the tasks by domain, as tau2 parsed them: 26.3's and 1.0.1's fixed tasks differ."""
-    body = {d: [t.model_dump(mode="json") for t in ts] for d, ts in sorted(tasks.items())}
-    return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    body = {d: [_without_timestamps(t.model_dump(mode="json")) for t in ts] for d, ts in sorted(tasks.items())}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, default=_stable).encode()).hexdigest()[:16]
+
+
+def _without_timestamps(value: Any) -> Any:
+    """A task dump without message timestamps: tau2 stamps a history's messages when it loads them."""
+    if isinstance(value, dict):
+        return {k: _without_timestamps(v) for k, v in value.items() if k != "timestamp"}
+    if isinstance(value, list):
+        return [_without_timestamps(v) for v in value]
+    return value
+
+
+def _stable(value: Any) -> Any:
+    """JSON for what pydantic's json mode leaves as Python objects: sets sorted (their order varies by process)."""
+    if isinstance(value, (set, frozenset)):
+        return sorted(value, key=repr)
+    return str(value)
 
 
 def benchmark_id(tasks: Mapping[str, Sequence["Task"]]) -> dict[str, str]:

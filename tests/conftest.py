@@ -81,8 +81,8 @@ def loopback(tiny_engine: Any) -> Iterator[Any]:
 
 @pytest.fixture(scope="session")
 def loopback_judge(tiny_engine: Any) -> Iterator[Any]:
-    """A loopback server answering tau2 1.0.1's NL-assertion judge prompts (tests/judge_double.py), installed as
-    the run's judge (TAU2_JUDGE_* settings, quick retries) for the whole session."""
+    """A loopback server answering tau2 1.0.1's NL-assertion judge prompts (tests/judge_double.py), made the judge
+    of every run for the whole session through the TAU2_JUDGE_* variables (subprocesses included)."""
     from judge_double import judge_answer
 
     from tau2_rl_pipeline import judge
@@ -91,11 +91,20 @@ def loopback_judge(tiny_engine: Any) -> Iterator[Any]:
 
     with LoopbackServer(tiny_engine, model_name="judge") as server:
         server.chat_answer = judge_answer()
-        cfg = Tau2Config.from_env({}, judge_model="openai/judge", judge_api_base=f"{server.base_url}/v1",
-                                  judge_max_retries=1, judge_backoff_s=0.01, judge_timeout_s=30.0)
-        judge.configure(cfg)
-        server.cfg = cfg
-        yield server
+        settings = {"TAU2_JUDGE_MODEL": "openai/judge", "TAU2_JUDGE_API_BASE": f"{server.base_url}/v1",
+                    "TAU2_JUDGE_MAX_RETRIES": "1", "TAU2_JUDGE_BACKOFF_S": "0.01", "TAU2_JUDGE_TIMEOUT_S": "30"}
+        saved = {k: os.environ.get(k) for k in settings}
+        os.environ.update(settings)
+        server.cfg = Tau2Config.from_env()
+        judge.configure(server.cfg)
+        try:
+            yield server
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
 
 
 @pytest.fixture(autouse=True, scope="session")
