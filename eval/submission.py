@@ -1,0 +1,123 @@
+"""A tau2-bench leaderboard submission from an evaluation: `<dir>/submission.json` and `<dir>/trajectories/`
+(the run's tau2 results files), the layout `tau2 submit validate <dir>` (tau2-bench 1.0.1) checks.
+
+- Results: pass_1..pass_4 per leaderboard domain (retail, airline, telecom, banking_knowledge), in percent, for
+  every k <= the samples per task; computed as the leaderboard computes them from the trajectories (per task
+  C(c,k)/C(n,k), then the mean over tasks), which equals the evaluator's pass^k (tests check both).
+- "custom" with a methodology note when the model was trained on tau2 tasks (the cookbook's SFT/RFT/GRPO train
+  on tau2's train split), as the leaderboard asks; the split, the user simulator and the judge are recorded.
+- Refused, with a one-line SubmissionError: results graded by pre-1.0 tau2 (26.3), runs with aborted episodes
+  (the leaderboard counts infrastructure failures as failures; rerun to retry them), and runs of no leaderboard
+  domain. A scripted-user run is written with a note that it is not a leaderboard score.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from datetime import date
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tau2_rl_pipeline.metrics import is_success
+
+LEADERBOARD_DOMAINS = ("retail", "airline", "telecom", "banking_knowledge")
+MAX_K = 4  # the leaderboard reports pass_1..pass_4
+BANKING_RETRIEVAL = "bm25"  # banking_knowledge's offline retrieval here (tau2's default BM25 config)
+CUSTOM_NOTE = ("Trained on tau2-bench tasks with the tau2 staged RL cookbook (SFT on oracle demonstrations of the "
+               "train split, rejection-sampling fine-tuning, GRPO with tau2's own rewards). Agent scaffold: tau2's "
+               "agent system prompt and tool schemas, tools called through the model's chat template "
+               "(Qwen3 <tool_call>), one policy turn per generate call.")
+
+
+class SubmissionError(ValueError):
+    """The run cannot be submitted as it is; the message says why and what to do."""
+
+
+def leaderboard_pass_hat_k(records: Sequence[Mapping[str, Any]], domain: str, k: int) -> float:
+    """Mean over the domain's tasks of C(successes, k) / C(samples, k): the leaderboard's own arithmetic."""
+    tasks: dict[str, list[bool]] = defaultdict(list)
+    for r in records:
+        if r["domain"] == domain:
+            tasks[r["task_id"]].append(is_success(r["reward"]))
+    values = np.array([math.comb(sum(s), k) / math.comb(len(s), k) for s in tasks.values()], dtype=np.float64)
+    return float(values.sum() / len(values))
+
+
+def check_submittable(version: str, domains: Sequence[str]) -> None:
+    """What can be refused before a run: the tau2 that grades it, and whether any domain is on the leaderboard."""
+    if version.split(".")[0] != "1":
+        raise SubmissionError(f"this run is graded by tau2 {version}; the leaderboard grades with tau2-bench 1.x "
+                              "(1.0.1): install it (README, 'Two benchmarks') and evaluate again")
+    if not any(d in LEADERBOARD_DOMAINS for d in domains):
+        raise SubmissionError(f"none of {', '.join(domains)} is a leaderboard domain ({', '.join(LEADERBOARD_DOMAINS)})")
+
+
+def build_submission(summary: Mapping[str, Any], records: Sequence[Mapping[str, Any]], *, model_name: str,
+                     model_organization: str, submitting_organization: str, contact_email: str | None,
+                     trained_on_tau2: bool, notes: str = "", reference_url: str | None = None,
+                     trajectory_files: Mapping[str, str], today: date | None = None) -> dict[str, Any]:
+    """The submission.json body (tau2 1.0.1's `Submission` model) for an evaluation's summary and records."""
+    settings = summary["settings"]
+    version = summary["benchmark"]["tau2_version"]
+    check_submittable(version, settings["domains"])
+    aborted = summary["episodes"]["aborted"]
+    if aborted:
+        raise SubmissionError(f"{len(aborted)} episodes aborted (infrastructure failures count as failures on the "
+                              "leaderboard): rerun the same command to retry them before submitting")
+    domains = [d for d in LEADERBOARD_DOMAINS if d in settings["domains"]]
+    results: dict[str, Any] = {}
+    for d in domains:
+        n = summary["metrics"]["domains"][d]["samples_per_task"]["min"]
+        entry: dict[str, Any] = {f"pass_{k}": leaderboard_pass_hat_k(records, d, k) * 100
+                                 for k in range(1, min(n, MAX_K) + 1)}
+        if d == "banking_knowledge":
+            entry["retrieval_config"] = BANKING_RETRIEVAL
+        results[d] = entry
+    scripted = settings["user"] != "llm"
+    judge = settings.get("judge")
+    parts = [CUSTOM_NOTE] if trained_on_tau2 else []
+    parts.append(f"Evaluated with tau2-bench {version} on the {settings['task_split']!r} split"
+                 + (f" (tasks {', '.join(settings['task_ids'])})" if settings.get("task_ids") else "")
+                 + f", {settings['num_samples']} trials per task, task-set hash "
+                 f"{summary['benchmark']['task_set_hash']}.")
+    if judge:
+        parts.append(f"NL assertions judged by {judge['model']}.")
+    if scripted:
+        parts.append("User: the cookbook's offline scripted user, NOT a tau2 user simulator: not a leaderboard score.")
+    if notes:
+        parts.append(notes)
+    omitted = settings["task_split"] != "base" or bool(settings.get("task_ids"))
+    submission: dict[str, Any] = {
+        "model_name": model_name, "model_organization": model_organization,
+        "submitting_organization": submitting_organization, "submission_date": (today or date.today()).isoformat(),
+        "submission_type": "custom" if trained_on_tau2 else "standard", "modality": "text",
+        "contact_info": {"email": contact_email}, "results": results,
+        "trajectories_available": True, "trajectory_files": dict(trajectory_files),
+        "methodology": {
+            "evaluation_date": (today or date.today()).isoformat(), "tau2_bench_version": version,
+            "user_simulator": settings["user_model"], "notes": " ".join(parts),  # scripted: None (as in the files)
+            "verification": {"modified_prompts": False, "omitted_questions": omitted,
+                             "details": "tau2's own agent system prompt, tool schemas, evaluator and metrics; "
+                                        f"split {settings['task_split']!r}"}},
+    }
+    if reference_url:
+        submission["references"] = [{"title": "tau2 staged RL cookbook", "url": reference_url, "type": "github"}]
+    return submission
+
+
+def write_submission(directory: Path, submission: Mapping[str, Any], tau2_files: Mapping[str, Path],
+                     write_text: Any) -> Path:
+    """`directory/submission.json` and `directory/trajectories/<name>` (copies of the tau2 results files)."""
+    trajectories = directory / "trajectories"
+    trajectories.mkdir(parents=True, exist_ok=True)
+    for domain, name in submission["trajectory_files"].items():
+        shutil.copyfile(tau2_files[domain], trajectories / name)
+    path = directory / "submission.json"
+    write_text(path, json.dumps(submission, indent=2) + "\n")
+    return path
