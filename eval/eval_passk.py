@@ -43,6 +43,7 @@ from eval.submission import (
     SubmissionError,
     build_submission,
     check_submittable,
+    tau2_domain_results,
     write_submission,
 )
 from tau2_rl_pipeline import judge
@@ -395,17 +396,17 @@ def finish(plan: Plan, settings: dict[str, Any], log: EpisodesFile, done: dict[K
     print(f"summary {paths['summary']}\nepisodes {paths['episodes']}\nchart {paths['chart']}\ntau2 results "
           + " ".join(str(p) for p in paths["tau2"].values()))
     if args.submission is not None:
-        return submit(args, summary, records, paths, secrets)
+        return submit(args, summary, paths, secrets)
     return 0
 
 
-def submit(args: argparse.Namespace, summary: dict[str, Any], records: Sequence[dict], paths: dict[str, Any],
-           secrets: Sequence[str]) -> int:
+def submit(args: argparse.Namespace, summary: dict[str, Any], paths: dict[str, Any], secrets: Sequence[str]) -> int:
     """The leaderboard submission directory (eval/submission.py); 1 with a one-line error when it is refused."""
     names = {d: p.name for d, p in paths["tau2"].items() if d in summary["settings"]["domains"]}
     try:
         body = build_submission(
-            summary, records, model_name=summary["settings"]["model"], model_organization=args.model_organization,
+            summary, tau2_domain_results({d: paths["tau2"][d] for d in names if d in LEADERBOARD_DOMAINS}),
+            model_name=summary["settings"]["model"], model_organization=args.model_organization,
             submitting_organization=args.submitting_organization, contact_email=args.contact_email,
             trained_on_tau2=args.trained_on_tau2, notes=args.submission_notes,
             reference_url=args.submission_reference,

@@ -2,8 +2,8 @@
 (the run's tau2 results files), the layout `tau2 submit validate <dir>` (tau2-bench 1.0.1) checks.
 
 - Results: pass_1..pass_4 per leaderboard domain (retail, airline, telecom, banking_knowledge), in percent, for
-  every k <= the samples per task; computed as the leaderboard computes them from the trajectories (per task
-  C(c,k)/C(n,k), then the mean over tasks), which equals the evaluator's pass^k (tests check both).
+  every k <= the samples per task, computed by tau2's own submission code from the run's results files (its
+  validator compares floats exactly) and checked against the evaluator's pass^k (1e-9).
 - "custom" with a methodology note when the model was trained on tau2 tasks (the cookbook's SFT/RFT/GRPO train
   on tau2's train split), as the leaderboard asks; the split, the user simulator and the judge are recorded.
 - Refused, with a one-line SubmissionError: results graded by pre-1.0 tau2 (26.3), runs with aborted episodes
@@ -16,18 +16,13 @@ from __future__ import annotations
 import json
 import math
 import shutil
-from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from datetime import date
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from tau2_rl_pipeline.metrics import is_success
 
 LEADERBOARD_DOMAINS = ("retail", "airline", "telecom", "banking_knowledge")
-MAX_K = 4  # the leaderboard reports pass_1..pass_4
 BANKING_RETRIEVAL = "bm25"  # banking_knowledge's offline retrieval here (tau2's default BM25 config)
 CUSTOM_NOTE = ("Trained on tau2-bench tasks with the tau2 staged RL cookbook (SFT on oracle demonstrations of the "
                "train split, rejection-sampling fine-tuning, GRPO with tau2's own rewards). Agent scaffold: tau2's "
@@ -39,14 +34,14 @@ class SubmissionError(ValueError):
     """The run cannot be submitted as it is; the message says why and what to do."""
 
 
-def leaderboard_pass_hat_k(records: Sequence[Mapping[str, Any]], domain: str, k: int) -> float:
-    """Mean over the domain's tasks of C(successes, k) / C(samples, k): the leaderboard's own arithmetic."""
-    tasks: dict[str, list[bool]] = defaultdict(list)
-    for r in records:
-        if r["domain"] == domain:
-            tasks[r["task_id"]].append(is_success(r["reward"]))
-    values = np.array([math.comb(sum(s), k) / math.comb(len(s), k) for s in tasks.values()], dtype=np.float64)
-    return float(values.sum() / len(values))
+def tau2_domain_results(tau2_files: Mapping[str, Path]) -> dict[str, dict[str, Any]]:
+    """pass_1..pass_4 (percent) per domain as tau2's own `tau2 submit prepare` computes them from the results files:
+    its validator compares them to submission.json exactly, floating-point summation order included."""
+    from tau2.data_model.simulation import Results
+    from tau2.scripts.leaderboard.prepare_submission import get_metrics
+
+    _, per_domain, _, _ = get_metrics([Results.load(p) for p in tau2_files.values()])
+    return {d: r.model_dump(exclude_none=True) for d, r in per_domain.items()}
 
 
 def check_submittable(version: str, domains: Sequence[str]) -> None:
@@ -58,11 +53,12 @@ def check_submittable(version: str, domains: Sequence[str]) -> None:
         raise SubmissionError(f"none of {', '.join(domains)} is a leaderboard domain ({', '.join(LEADERBOARD_DOMAINS)})")
 
 
-def build_submission(summary: Mapping[str, Any], records: Sequence[Mapping[str, Any]], *, model_name: str,
+def build_submission(summary: Mapping[str, Any], domain_results: Mapping[str, Mapping[str, Any]], *, model_name: str,
                      model_organization: str, submitting_organization: str, contact_email: str | None,
                      trained_on_tau2: bool, notes: str = "", reference_url: str | None = None,
                      trajectory_files: Mapping[str, str], today: date | None = None) -> dict[str, Any]:
-    """The submission.json body (tau2 1.0.1's `Submission` model) for an evaluation's summary and records."""
+    """The submission.json body (tau2 1.0.1's `Submission` model) for an evaluation's summary, with the pass^k
+    values tau2 computes from its results files (`tau2_domain_results`), checked against the evaluator's."""
     settings = summary["settings"]
     version = summary["benchmark"]["tau2_version"]
     check_submittable(version, settings["domains"])
@@ -73,9 +69,12 @@ def build_submission(summary: Mapping[str, Any], records: Sequence[Mapping[str, 
     domains = [d for d in LEADERBOARD_DOMAINS if d in settings["domains"]]
     results: dict[str, Any] = {}
     for d in domains:
-        n = summary["metrics"]["domains"][d]["samples_per_task"]["min"]
-        entry: dict[str, Any] = {f"pass_{k}": leaderboard_pass_hat_k(records, d, k) * 100
-                                 for k in range(1, min(n, MAX_K) + 1)}
+        entry = {k: v for k, v in domain_results[d].items() if k.startswith("pass_")}
+        ours = summary["metrics"]["domains"][d]["metrics"]
+        for key, value in entry.items():
+            mine = ours[f"pass^{key[5:]}"]["value"] * 100
+            if not math.isclose(value, mine, rel_tol=0, abs_tol=1e-9):  # the same episodes, two implementations
+                raise SubmissionError(f"{d} {key}: tau2 computes {value} from the results file, the evaluator {mine}")
         if d == "banking_knowledge":
             entry["retrieval_config"] = BANKING_RETRIEVAL
         results[d] = entry

@@ -12,35 +12,34 @@ from pathlib import Path
 
 import pytest
 
-from eval.submission import SubmissionError, build_submission, check_submittable, leaderboard_pass_hat_k
+from eval.submission import SubmissionError, build_submission, check_submittable
 from tau2_rl_pipeline.tau2_version import V1
 
 SUMMARY = {"benchmark": {"tau2_version": "1.0.1", "task_set_hash": "0" * 16},
            "episodes": {"aborted": []},
            "settings": {"domains": ["retail"], "user": "llm", "user_model": "gpt-4.1", "task_split": "base",
                         "task_ids": None, "num_samples": 4, "judge": {"model": "openai/judge"}, "model": "m"},
-           "metrics": {"domains": {"retail": {"samples_per_task": {"min": 4}}}}}
-RECORDS = [{"domain": "retail", "task_id": t, "reward": r} for t, rs in (("a", (1, 1, 1, 0)), ("b", (0, 0, 1, 0)))
-           for r in rs]
+           "metrics": {"domains": {"retail": {"metrics": {f"pass^{k}": {"value": v} for k, v in
+                                                          ((1, 0.5), (2, 0.25), (3, 0.125), (4, 0.0))}}}}}
+TAU2 = {"retail": {"pass_1": 50.0, "pass_2": 25.0, "pass_3": 12.5, "pass_4": 0.0}}
 
 
-def _build(summary=SUMMARY, **kw):
+def _build(summary=SUMMARY, tau2=TAU2, **kw):
     args = dict(model_name="m", model_organization="o", submitting_organization="s", contact_email=None,
                 trained_on_tau2=True, trajectory_files={"retail": "r.json"})
-    return build_submission(summary, RECORDS, **{**args, **kw})
+    return build_submission(summary, tau2, **{**args, **kw})
 
 
-def test_pass_k_in_percent_custom_with_a_methodology_note() -> None:
+def test_tau2s_pass_k_checked_against_ours_custom_with_a_methodology_note() -> None:
     body = _build()
-    retail = body["results"]["retail"]
-    assert retail["pass_1"] == pytest.approx(100 * (3 / 4 + 1 / 4) / 2)
-    assert retail["pass_2"] == pytest.approx(100 * (3 / 6 + 0) / 2) and retail["pass_4"] == 0.0
-    assert leaderboard_pass_hat_k(RECORDS, "retail", 3) == pytest.approx((1 / 4 + 0) / 2)
+    assert body["results"]["retail"] == TAU2["retail"]
     assert body["submission_type"] == "custom" and "Trained on tau2-bench tasks" in body["methodology"]["notes"]
     assert "judged by openai/judge" in body["methodology"]["notes"]
     assert body["methodology"]["tau2_bench_version"] == "1.0.1" and not body["methodology"]["verification"][
         "omitted_questions"]
     assert _build(trained_on_tau2=False)["submission_type"] == "standard"
+    with pytest.raises(SubmissionError, match="retail pass_2: tau2 computes 26.0 from the results file"):
+        _build(tau2={"retail": {**TAU2["retail"], "pass_2": 26.0}})
 
 
 def test_refused_for_pre_1_0_grading_aborted_episodes_or_no_leaderboard_domain() -> None:
