@@ -435,7 +435,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             setup["engine"] = backends.load_local_engine(setup["model_dir"], setup["tokenizer"], setup["device"],
                                                          setup["flag"])
     except (ConfigError, TaskLookupError, UserConfigError, judge.JudgeConfigError, SetupError, EpisodesFileError,
-            SubmissionError, ValueError, ModuleNotFoundError) as e:
+            SubmissionError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 import tau2_rl_pipeline  # noqa: F401  (quiet logging, offline litellm before tau2 loads)
 from tau2_rl_pipeline.files import atomic_write_bytes
-from tau2_rl_pipeline.tau2_version import DOMAINS, SPLITS, TASK_SETS, check_domain_available
+from tau2_rl_pipeline.tau2_version import DOMAINS, SPLITS, TASK_SETS, UNSUPPORTED
 
 if TYPE_CHECKING:
     from tau2.data_model.tasks import Task
@@ -31,6 +31,8 @@ class TaskLookupError(ValueError):
 
 
 def check_domain(domain: str) -> str:
+    if domain in UNSUPPORTED:
+        raise TaskLookupError(UNSUPPORTED[domain])
     if domain not in SPLITS:
         raise TaskLookupError(f"unknown domain {domain!r}; valid domains: {', '.join(DOMAINS)}")
     return domain
@@ -48,7 +50,6 @@ def check_split(domain: str, split: str) -> str:
 def _load(domain: str, split: str) -> tuple["Task", ...]:
     from tau2.registry import registry
 
-    check_domain_available(domain)
     if (domain, split) in TASK_SETS:
         return tuple(registry.get_tasks_loader(TASK_SETS[domain, split])())
     if SPLITS[domain] == ("base",):  # no split file (mock, banking_knowledge): the whole set
