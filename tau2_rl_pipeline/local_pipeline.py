@@ -33,6 +33,7 @@ from tau2_rl_pipeline.rollout import run_episode
 from tau2_rl_pipeline.sft_data import oracle_demonstrations
 from tau2_rl_pipeline.slime_adapter import fill_sample
 from tau2_rl_pipeline.tasks import DOMAINS, TaskLookupError, check_split, load_tasks
+from tau2_rl_pipeline.tau2_version import BenchmarkMismatch, benchmark_id, check_same_benchmark
 from tau2_rl_pipeline.trainer import LocalTrainer, TrainConfig, examples_from_trajectory, sft_example_from_chat
 from tau2_rl_pipeline.users import ScriptedUser
 
@@ -323,6 +324,14 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     report_path = out / "report.json"
     report = json.loads(report_path.read_text()) if report_path.exists() else {}
+    benchmark = benchmark_id({args.domain: [*load_tasks(args.domain, split), *load_tasks(args.domain, eval_split)]})
+    try:
+        if report:
+            check_same_benchmark(report.get("benchmark"), benchmark, str(report_path))
+    except BenchmarkMismatch as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    report["benchmark"] = benchmark
     report.update({"domain": args.domain, "train_split": split, "eval_split": eval_split,
                    "note": "offline scripted user and a tiny model: a plumbing and learning-signal check, "
                            "not a tau2 score"})

@@ -740,6 +740,7 @@ def test_dockerfile_pins_the_image_and_slime_and_holds_no_secrets() -> None:
     commit = re.search(r"^ARG SLIME_COMMIT=([0-9a-f]{40})$", text, flags=re.MULTILINE).group(1)
     assert commit in FLAGS_FILE.read_text().split("\n[", 1)[0]
     assert "--no-deps -e ." in text and "-c /tmp/image-stack.txt" in text
+    assert re.search(r"^ARG TAU2_BENCH_COMMIT=fc0055dc4e0a316c3f83133267fbd6faaa770992$", text, flags=re.MULTILINE)
     assert not re.search(r"^(ENV|ARG)\b.*(KEY|TOKEN|SECRET|PASSWORD)", text, flags=re.MULTILINE)
     ignored = (ROOT / ".dockerignore").read_text().splitlines()
     assert {".env", "**/.env", "outputs", ".venv", "!configs/.env.template"} <= set(ignored)
