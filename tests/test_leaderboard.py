@@ -72,6 +72,7 @@ TASKS = ["12", "62", "68", "36"]  # no writes unjudged, no writes judged (x2), w
 def test_a_1_0_1_run_is_read_by_tau2_and_its_submission_passes_tau2s_validation(
         tiny_engine, tiny_small_dir: Path, loopback_judge, tmp_path: Path) -> None:
     from judge_double import judge_answer
+    from rich.console import Console
     from tau2.data_model.simulation import Results
     from tau2.metrics.agent_metrics import compute_metrics
     from tau2.scripts.leaderboard.prepare_submission import (
@@ -80,7 +81,6 @@ def test_a_1_0_1_run_is_read_by_tau2_and_its_submission_passes_tau2s_validation(
         validate_submission_traj_set,
     )
     from tau2.scripts.leaderboard.submission import Submission
-    from rich.console import Console
 
     from eval.eval_passk import main
     from tau2_rl_pipeline.loopback_server import LoopbackServer

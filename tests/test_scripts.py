@@ -757,7 +757,8 @@ def test_start_judge_serves_the_configured_judge_and_refuses_what_it_cannot_serv
             changed["--mem-fraction-static"], changed["--port"]) == ("/m/judge", "0.0.0.0", "2", "1", "0.3", "31002")
     assert "CUDA_VISIBLE_DEVICES=4,5" in command_with(dry_ok("start_judge.sh", tmp_path, **judge, **settings),
                                                       "sglang.launch_server")
-    for env, why in (({}, "no local judge to serve"), ({**judge, "TAU2_JUDGE_MODEL": "gpt-4.1"}, "openai/<served name>"),
+    for env, why in (({}, "no local judge to serve"),
+                     ({**judge, "TAU2_JUDGE_MODEL": "gpt-4.1"}, "openai/<served name>"),
                      ({**judge, "JUDGE_TP": "4", "JUDGE_GPUS": "4,5"}, "more than the judge GPUs")):
         result = run_script("start_judge.sh", tmp_path, **env)
         assert result.rc != 0 and why in result.stderr and len(result.stderr.strip().splitlines()) <= 3
