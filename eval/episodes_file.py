@@ -220,6 +220,17 @@ class EpisodesFile:
             self._f = None
 
 
+def check_graded_by_installed_tau2(path: Path) -> None:
+    """EpisodesFileError (one line) unless the file's episodes were graded by the installed tau2's version."""
+    from tau2_rl_pipeline.tau2_version import VERSION
+
+    header, _, _ = parse_lines(Path(path).read_bytes())
+    stored = ((header or {}).get("benchmark") or {}).get("tau2_version")
+    if stored != VERSION:
+        raise EpisodesFileError(f"{path} holds episodes graded by tau2 {stored or 'unknown'}, this run uses tau2 "
+                                f"{VERSION}: their rewards are another benchmark's; sample again with this tau2")
+
+
 def read_episodes(path: Path) -> dict[Key, dict]:
     """The episodes of a finished or interrupted run (for reports and tests), one per key."""
     _, records, _ = parse_lines(Path(path).read_bytes())
