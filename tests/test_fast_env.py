@@ -154,11 +154,10 @@ def test_rewards_match_tau2_on_oracle_and_perturbed_replays(domain, task):
 def test_perturbations_reach_both_outcomes():
     """The perturbed replays are not all scored alike: the checks above compare failing rewards too."""
     rewards = []
-    airline = [(d, t) for d, t in TEST_TASKS if d == "airline"]
-    for domain, task in airline:
-        for actions in perturbations(domain, task).values():
-            rewards.append(_replay(domain, task, actions).evaluate().reward)
-    assert 0.0 in rewards and 1.0 in rewards and len(rewards) >= 1.5 * len(airline)
+    for task in load_tasks("airline", "test"):  # all of them, also in the 1.0.1 pass (fast evaluation only)
+        for actions in perturbations("airline", task).values():
+            rewards.append(_replay("airline", task, actions).evaluate().reward)
+    assert 0.0 in rewards and 1.0 in rewards and len(rewards) >= 30
 
 
 # -- environments -------------------------------------------------------------------------------------------------
