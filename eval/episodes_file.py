@@ -7,8 +7,8 @@
 Each line is appended whole, then flushed and fsynced, by the one writer (the event loop), so a SIGKILL can
 at worst leave a torn last line: on resume it is cut off (the file is truncated to the last complete line)
 and that episode runs again. The header's `benchmark` (tau2 version, task-set hash) must match the resuming
-run's, or it is refused (tau2_version.check_same_benchmark). A finished episode is never written twice; an aborted one (infrastructure
-failure) is retried by a resumed run, and the retry's line supersedes it (`pick_records`). `compact` then
+run's, or it is refused (tau2_version.check_same_benchmark). A finished episode is never written twice; an
+aborted one (infrastructure failure) is retried by a resumed run, and the retry's line supersedes it (`pick_records`). `compact` then
 rewrites the file with one line per episode.
 
 Secrets never reach the file: every line passes through `redact` (values of secret-looking environment

@@ -45,8 +45,8 @@ def test_the_suite_on_tau2_1_0_1() -> None:
            "TAU2_DATA_DIR": str(TAU2_101 / "data"), "TAU2_TEST_TASKS_PER_DOMAIN": str(TASKS_PER_DOMAIN)}
     whole = " or ".join(Path(p).stem for p, e in SELECT.items() if e is None)  # a module's name selects all of it
     some = " or ".join(f"({Path(p).stem} and ({e}))" for p, e in SELECT.items() if e)  # each within its file
-    done = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "0", "-q", "-rs", "--tb=short",
-                           "-W", "ignore::DeprecationWarning", *SELECT, "-k", f"{whole} or {some}"],
+    done = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "0", "-q", "-rs",
+                           "--tb=short", "-W", "ignore::DeprecationWarning", *SELECT, "-k", f"{whole} or {some}"],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
     last = done.stdout.strip().splitlines()[-1]
