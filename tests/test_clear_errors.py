@@ -7,8 +7,8 @@ tests/test_eval_passk.py; these cover the other entry points and the library err
 
 from __future__ import annotations
 
-import json
 import asyncio
+import json
 import os
 import subprocess
 import sys
