@@ -53,6 +53,19 @@ class Tau2Config:
         choices=("auto", "async", "litellm")))
     user_max_in_flight: int = field(default=256, metadata=_meta(
         "user-simulator requests open at once through the async client, per rollout process", min_value=1))
+    # -- NL-assertion judge (tau2 1.0.1's retail reward; judge.py) -------------------------------
+    judge_model: str = field(default="", metadata=_meta(
+        "litellm model name of tau2 1.0.1's NL-assertion judge; empty = tau2's default (gpt-4.1-2025-04-14); "
+        "openai/<served name> with TAU2_JUDGE_API_BASE for a local server (scripts/start_judge.sh)"))
+    judge_api_base: str = field(default="", metadata=_meta(
+        "API base of the judge, e.g. http://127.0.0.1:30002/v1; empty = the provider default"))
+    judge_timeout_s: float = field(default=120.0, metadata=_meta(
+        "seconds one judge call may take before it is retried", min_value=0.1))
+    judge_max_retries: int = field(default=4, metadata=_meta(
+        "retries of a failed judge call (errors, timeouts, answers tau2 cannot parse) before the episode ends "
+        "aborted", min_value=0))
+    judge_backoff_s: float = field(default=1.0, metadata=_meta(
+        "first wait before a judge retry, doubled each retry (at most 30 s)", min_value=0.0))
     # -- episode ----------------------------------------------------------------------------------
     max_steps: int = field(default=200, metadata=_meta(
         "tau2's max_steps: orchestrator steps before the episode ends as max_steps", min_value=1))

@@ -38,7 +38,8 @@ from tau2_rl_pipeline.local_grpo import GrpoSettings, grpo_stage
 from tau2_rl_pipeline.rft import select_rft
 from tau2_rl_pipeline.sft_data import oracle_demonstrations
 from tau2_rl_pipeline.stage_book import SKIP, StageBook, StaleOutputError
-from tau2_rl_pipeline.tasks import DOMAINS, TaskLookupError, check_split
+from tau2_rl_pipeline.tasks import DOMAINS, TaskLookupError, check_split, load_tasks
+from tau2_rl_pipeline.tau2_version import BenchmarkMismatch, benchmark_id, check_same_benchmark
 from tau2_rl_pipeline.trainer import LocalTrainer, TrainConfig, sft_example_from_chat
 
 DEMO_MAX_TURNS = 8  # unless --max-turns or TAU2_MAX_TURNS say otherwise: mock tasks take 2-3 policy turns
@@ -301,6 +302,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: --model {args.model}: no config.json there; give a Hugging Face model directory, or leave "
               "--model out to build the tiny demo model", file=sys.stderr)
         return 2
+    report_path = args.out / "report.json"
+    benchmark = benchmark_id({args.domain: [*load_tasks(args.domain, split), *load_tasks(args.domain, eval_split)]})
+    try:  # outputs graded by the other tau2 (or on another task set) are never resumed or compared
+        if report_path.exists():
+            check_same_benchmark(json.loads(report_path.read_text()).get("benchmark"), benchmark, str(report_path))
+    except BenchmarkMismatch as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     args.max_turns = cfg.max_turns
     args.out.mkdir(parents=True, exist_ok=True)
     try:
@@ -316,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"interrupted: finished stages and GRPO steps are kept in {args.out}; rerun the same command to resume",
               file=sys.stderr)
         return 130
-    report_path = args.out / "report.json"
+    report["benchmark"] = benchmark
     report["charts"] = [str(p) for p in write_charts(report, args.out)]
     atomic_write_bytes(report_path, json.dumps(report, indent=1).encode())
     print_stage_table(report)

@@ -172,7 +172,7 @@ def print_table(stats: dict[str, dict[str, int]], title: str) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from eval.episodes_file import EpisodesFileError, read_episodes
+    from eval.episodes_file import EpisodesFileError, check_graded_by_installed_tau2, read_episodes
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False,
                                      epilog="Other options go to eval/eval_passk.py (e.g. --hf-checkpoint).")
@@ -202,6 +202,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 if code != 2:  # exit 2 is a setup error the evaluator already explained in one line
                     print(f"error: sampling failed (eval_passk exit {code}); see its messages above", file=sys.stderr)
                 return code
+        check_graded_by_installed_tau2(episodes)
         records = list(read_episodes(episodes).values())
         if args.episodes is None:  # the resumable episode file may also hold an earlier run's other domains
             domains = {d.strip() for d in args.domains.split(",")}
