@@ -38,7 +38,7 @@ _USER_MODULE, _USER_BASE = (("tau2.user.user_simulator_base", "HalfDuplexUser") 
 def __getattr__(name: str) -> Any:
     """`BaseUser`, `UserState`, `STOP` from the installed tau2's user module, imported on first use (it pulls in
     tau2's LLM stack: seconds), so that listing domains and splits stays cheap."""
-    if name in ("BaseUser", "UserState", "STOP"):
+    if name in ("BaseUser", "UserState", "STOP", "ValidUserInputMessage"):
         return getattr(importlib.import_module(_USER_MODULE), _USER_BASE if name == "BaseUser" else name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 

@@ -288,3 +288,15 @@ def test_a_blocking_caller_of_the_async_user_gets_tau2s_own_path(tiny_engine: An
         bodies = list(server.raw_bodies)
     assert isinstance(user, AsyncUserSimulator) and blocking.content == awaited.content == "Hello."
     assert bodies[0] == bodies[1]
+
+
+def test_on_tau2_1_0_1_auto_keeps_tau2s_own_user_path_and_async_is_refused(monkeypatch):
+    from tau2_rl_pipeline import users
+    from tau2_rl_pipeline.config import Tau2Config
+
+    served = {"TAU2_USER_MODEL": "openai/tiny", "TAU2_USER_API_BASE": "http://127.0.0.1:1/v1"}
+    assert users.user_client_kind(Tau2Config.from_env(served)) == "async"
+    monkeypatch.setattr(users, "V1", True)
+    assert users.user_client_kind(Tau2Config.from_env(served)) == "litellm"
+    with pytest.raises(users.UserConfigError, match="TAU2_USER_CLIENT=litellm"):
+        users.user_client_kind(Tau2Config.from_env({**served, "TAU2_USER_CLIENT": "async"}))
