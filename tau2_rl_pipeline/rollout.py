@@ -63,6 +63,8 @@ class Trajectory:
     unknown_tool_calls: int = 0
     user_tool_calls_by_agent: int = 0
     refused_call_ids: list[str] = field(default_factory=list)  # never executed: left out of tau2's replay
+    judge_score: float | None = None  # an LLM judge's rubric score in [0, 1] (TAU2_USE_JUDGE), else None
+    judge_calls: int = 0  # judge requests made for this episode, retries included
 
     @property
     def response_length(self) -> int:

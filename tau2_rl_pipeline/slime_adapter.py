@@ -21,7 +21,13 @@ from tau2_rl_pipeline.config import Tau2Config
 from tau2_rl_pipeline.curriculum import CurriculumTracker, state_path
 from tau2_rl_pipeline.engines import SamplingParams, SGLangEngine
 from tau2_rl_pipeline.env import build_environment
-from tau2_rl_pipeline.reward import filter_equal_reward_groups, partial_score, post_process, shaped_reward
+from tau2_rl_pipeline.reward import (
+    filter_equal_reward_groups,
+    format_penalty,
+    partial_score,
+    post_process,
+    shaped_reward,
+)
 from tau2_rl_pipeline.rollout import ABORTED, TRUNCATED, Trajectory, run_episode
 from tau2_rl_pipeline.tasks import get_task
 from tau2_rl_pipeline.users import make_user_factory
@@ -90,17 +96,23 @@ def fill_sample(sample, traj: Trajectory, cfg: Tau2Config, tokenizer):
     sample.loss_mask = loss_mask
     sample.rollout_log_probs = logprobs
     sample.response = tokenizer.decode(response_ids, skip_special_tokens=False)
-    partial, parts = partial_score(traj.reward_info, traj.domain, cfg) if traj.reward_info else (0.0, {})
+    partial, parts = partial_score(traj.reward_info, traj.domain, cfg, traj.judge_score) if traj.reward_info \
+        else (0.0, {})
+    format_errors = traj.parse_errors + traj.refused_calls
+    penalty = format_penalty(format_errors, cfg)
     if traj.status == ABORTED:
         sample.status, sample.reward, sample.remove_sample = status_enum.ABORTED, 0.0, True
     else:
         sample.status = status_enum.TRUNCATED if traj.status == TRUNCATED else status_enum.COMPLETED
-        sample.reward = shaped_reward(traj.reward, partial, traj.domain, cfg)
+        sample.reward = shaped_reward(traj.reward, partial, traj.domain, cfg, penalty)
     sample.metadata = {
         **(sample.metadata or {}),
         "raw_reward": traj.reward,
         "partial_score": partial,
         "partial_parts": parts,
+        "format_errors": format_errors,
+        "format_penalty": penalty,
+        "judge_calls": traj.judge_calls,
         "reward_info": traj.reward_info.model_dump(mode="json") if traj.reward_info else None,
         "termination_reason": traj.termination_reason,
         "episode_status": traj.status,
