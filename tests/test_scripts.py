@@ -226,11 +226,19 @@ def test_zero_std_filter_is_opt_in(dry_dir: Path, value: str) -> None:
     assert "--dynamic-sampling-filter-path" not in grpo_flags(dry_dir, TAU2_FILTER_ZERO_STD="false")
 
 
+def test_awsft_is_a_custom_loss_selected_by_the_grpo_script(dry_dir: Path) -> None:
+    got = grpo_flags(dry_dir, GRPO_ALGORITHM="awsft")
+    assert got["--loss-type"] == "custom_loss"
+    assert got["--custom-loss-function-path"] == "tau2_rl_pipeline.slime_awsft.awsft_loss_function"
+    assert "--use-kl-loss" in got and got["--kl-loss-coef"] == "0.01"  # the KL term to the reference stays
+    assert "--loss-type" not in grpo_flags(dry_dir)  # default: slime's policy loss
+
+
 def test_grpo_plug_ins_name_functions_of_this_package(dry_dir: Path) -> None:
     """slime imports each plug-in path by name inside the Ray job; a renamed function fails only there."""
-    got = grpo_flags(dry_dir, TAU2_FILTER_ZERO_STD="1")
+    got = grpo_flags(dry_dir, TAU2_FILTER_ZERO_STD="1", GRPO_ALGORITHM="awsft")
     paths = [got[f] for f in ("--custom-generate-function-path", "--custom-reward-post-process-path",
-                              "--dynamic-sampling-filter-path")]
+                              "--dynamic-sampling-filter-path", "--custom-loss-function-path")]
     for path in paths:
         module, _, name = path.rpartition(".")
         tree = ast.parse((ROOT / (module.replace(".", "/") + ".py")).read_text())
@@ -433,6 +441,7 @@ def test_user_sim_serves_where_the_rollout_looks(dry_dir: Path) -> None:
     ("train_grpo.sh", {"GRPO_LR": "fast"}, "GRPO_LR=fast must be a non-negative number"),
     ("train_grpo.sh", {"GRPO_N_SAMPLES": "0"}, "GRPO_N_SAMPLES=0 must be a positive integer"),
     ("train_grpo.sh", {"GRPO_KL_LOSS_TYPE": "kl"}, "GRPO_KL_LOSS_TYPE=kl is not one of"),
+    ("train_grpo.sh", {"GRPO_ALGORITHM": "ppo"}, "GRPO_ALGORITHM=ppo is not one of: grpo awsft"),
     ("train_grpo.sh", {"GRPO_GLOBAL_BATCH_SIZE": "48"}, "must divide the 64 samples"),
     ("train_grpo.sh", {"TAU2_GPU_LAYOUT": "3"}, "TAU2_GPU_LAYOUT=3 is not one of: 8, 4, 2"),
     ("train_grpo.sh", {"TAU2_FILTER_ZERO_STD": "maybe"}, "TAU2_FILTER_ZERO_STD=maybe must be true or false"),
