@@ -35,7 +35,8 @@ MEGATRON = "/opt/test-megatron"
 ALL_SCRIPTS = ["convert_hf_to_megatron.sh", "convert_megatron_to_hf.sh", "download.sh", "generate_rft.sh",
                "pipeline.sh", "start_policy_server.sh", "start_user_sim.sh", "train_grpo.sh", "train_rft.sh",
                "train_sft.sh"]
-PIPELINE_STAGES = ["download", "convert", "tasks", "sft", "sft_hf", "rft_data", "rft", "grpo", "grpo_hf"]
+PIPELINE_STAGES = ["download", "convert", "tasks", "sft", "sft_hf", "rft_data", "rft", "grpo_tasks", "grpo",
+                   "grpo_hf"]
 
 
 # ---- running scripts ---------------------------------------------------------------------------------------
@@ -582,7 +583,8 @@ def test_pipeline_runs_every_stage_in_order(dry_dir: Path) -> None:
         ("train_async.py", str(dry_dir / "out/data/sft_seed.jsonl")), ("convert_torch_dist_to_hf.py",),
         ("sglang.launch_server", "--served-model-name"), ("sglang.launch_server", str(dry_dir / "out/models/sft_hf")),
         ("tau2_rl_pipeline.rft",), ("train_async.py", str(dry_dir / "out/data/sft_seed_plus_rft.jsonl")),
-        ("train.py",), ("convert_torch_dist_to_hf.py", str(dry_dir / "out/models/grpo_hf")),
+        ("tau2_rl_pipeline.difficulty", str(dry_dir / "out/data/sft_seed_plus_rft.jsonl.eval.json.episodes.jsonl")),
+        ("train.py", str(dry_dir / "out/data/tasks/tau2_train_grpo_tasks.jsonl")), ("convert_torch_dist_to_hf.py", str(dry_dir / "out/models/grpo_hf")),
     ]
     lines = [" ".join(c) for c in result.commands]
     positions = [next(i for i, line in enumerate(lines) if all(m in line for m in mark)) for mark in marks]
@@ -612,7 +614,8 @@ def all_stage_outputs_but_tasks(out: Path) -> None:
     for path in ["models/Qwen3-4B-Instruct-2507/config.json", "data/sft_seed.jsonl",
                  "models/Qwen3-4B-Instruct-2507_torch_dist/latest_checkpointed_iteration.txt",
                  "checkpoints/sft/.stage_done", "models/sft_hf/config.json", "data/sft_seed_plus_rft.jsonl",
-                 "checkpoints/rft/.stage_done", "checkpoints/grpo/.stage_done", "models/grpo_hf/config.json"]:
+                 "checkpoints/rft/.stage_done", "data/tasks/tau2_train_grpo_tasks.jsonl",
+                 "checkpoints/grpo/.stage_done", "models/grpo_hf/config.json"]:
         (out / path).parent.mkdir(parents=True, exist_ok=True)
         (out / path).write_text("x")
 
@@ -722,7 +725,8 @@ print(json.dumps(out))
 def test_entry_point_flags_exist(dry_dir: Path) -> None:
     """Each `python -m tau2_rl_pipeline.X` command's flags appear in that module's --help (one process for all)."""
     commands = entry_point_commands(dry_dir)
-    assert {c[2] for c in commands} == {"tau2_rl_pipeline.sft_data", "tau2_rl_pipeline.tasks", "tau2_rl_pipeline.rft"}
+    assert {c[2] for c in commands} == {"tau2_rl_pipeline.sft_data", "tau2_rl_pipeline.tasks", "tau2_rl_pipeline.rft",
+                                        "tau2_rl_pipeline.difficulty"}
     missing = sorted({c[2] for c in commands if not (ROOT / (c[2].replace(".", "/") + ".py")).is_file()})
     commands = [c for c in commands if c[2] not in missing]
     subs = [[c[3]] if len(c) > 3 and not c[3].startswith("-") else [] for c in commands]
