@@ -1,6 +1,7 @@
 """The embedded default: the staged recipe (SFT -> RFT -> GRPO, each evaluated) on one machine, CPU or one GPU.
 
     python -m tau2_rl_pipeline.local_pipeline --domain mock --out outputs/demo      # what scripts/demo.sh runs
+    python -m tau2_rl_pipeline.local_pipeline --algorithm grpo,awsft   # both policy stages from the RFT checkpoint
 
 It runs the same episode, rollout, reward shaping, curriculum and group normalization as the slime run; only the
 engine (in-process transformers instead of SGLang) and the trainer (tau2_rl_pipeline.trainer instead of Megatron)
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import os
 import random
@@ -26,6 +28,7 @@ from rich.console import Console
 
 from tau2_rl_pipeline.config import Tau2Config, add_config_args, config_from_args
 from tau2_rl_pipeline.curriculum import CurriculumTracker
+from tau2_rl_pipeline.difficulty import filter_tasks, pass_rates
 from tau2_rl_pipeline.engines import SamplingParams, TransformersEngine
 from tau2_rl_pipeline.reward import post_process, task_key
 from tau2_rl_pipeline.rft import select_rft
@@ -37,7 +40,8 @@ from tau2_rl_pipeline.trainer import LocalTrainer, TrainConfig, examples_from_tr
 from tau2_rl_pipeline.users import ScriptedUser
 
 ROOT = Path(__file__).resolve().parents[1]
-STAGES = ("base", "sft", "rft", "grpo")
+ALGORITHMS = ("grpo", "awsft")  # the policy stage's loss: PPO-clip, or advantage-weighted SFT
+STAGES = ("base", "sft", "rft", *ALGORITHMS)
 DEMO_MAX_TURNS = 8  # unless --max-turns or TAU2_MAX_TURNS say otherwise: mock tasks take 2-3 policy turns
 console = Console(stderr=True)
 
@@ -131,17 +135,34 @@ async def _grpo_rollouts(domain: str, engine, tokenizer, tasks, n: int, sampling
         for g, task in enumerate(tasks) for i in range(n)])
 
 
-def grpo_stage(args, start: Path, dest: Path, out: Path, cfg: Tau2Config, split: str) -> list[dict]:
-    """GRPO on the local engine: sample groups, shape and normalize rewards as slime does, one PPO-clip step each."""
+def grpo_task_ids(args, out: Path, cfg: Tau2Config, split: str) -> tuple[list[str], dict]:
+    """The split's task ids whose RFT-sampling pass rate is in the TAU2_GRPO_*_PASS_RATE band, and the counts."""
+    task_ids = [t.id for t in load_tasks(args.domain, split)]
+    episodes = out / "eval" / "rft_samples.json.episodes.jsonl"
+    from eval.episodes_file import read_episodes
+
+    rates = pass_rates(read_episodes(episodes).values()) if episodes.exists() else {}
+    kept, stats = filter_tasks([(args.domain, tid) for tid in task_ids], rates, cfg)
+    if not kept:
+        raise SystemExit(f"error: {stats.line()}: no task left for the policy stage; widen TAU2_GRPO_MIN_PASS_RATE / "
+                         "TAU2_GRPO_MAX_PASS_RATE")
+    console.print(stats.line())
+    return [tid for _, tid in kept], dataclasses.asdict(stats)
+
+
+def policy_stage(args, algorithm: str, start: Path, dest: Path, out: Path, cfg: Tau2Config,
+                 task_ids: list[str], split: str) -> list[dict]:
+    """GRPO or AWSFT on the local engine: sample groups, shape and normalize rewards as slime does, then one
+    PPO-clip step (grpo) or one advantage-weighted SFT step (awsft) per batch of groups."""
     trainer = LocalTrainer(start, TrainConfig(
         log_jsonl=out / "metrics.jsonl", lr=args.grpo_lr, device=args.device, seed=args.seed,
         micro_batch_size=args.micro_batch_size, weight_decay=0.0, kl_coef=args.kl_coef,
         entropy_coef=args.entropy_coef, rollout_temperature=args.grpo_temperature,
         wandb_project=args.wandb_project))
     engine = TransformersEngine(trainer.model, trainer.tokenizer, device=args.device)
-    tasks = {t.id: t for t in load_tasks(args.domain, split)}
+    tasks = {t.id: t for t in load_tasks(args.domain, split) if t.id in set(task_ids)}
     keys = [f"{args.domain}/{tid}" for tid in tasks]
-    tracker_path = out / "grpo" / "curriculum_state.json"
+    tracker_path = out / algorithm / "curriculum_state.json"
     tracker = CurriculumTracker.restore(cfg, tracker_path if tracker_path.exists() else None)
     rng = random.Random(args.seed)
     stop = (trainer.tokenizer.eos_token_id,)
@@ -162,26 +183,29 @@ def grpo_stage(args, start: Path, dest: Path, out: Path, cfg: Tau2Config, split:
         samples = [fill_sample(LocalSample(), t, cfg, trainer.tokenizer) for t in trajs]
         zero_before = tracker.zero_signal_groups
         raw, advantages = post_process(samples, args.grpo_n, cfg, tracker)
+        # GRPO: a zero advantage adds nothing but tokens to the mean. AWSFT trains on every kept sample, as slime
+        # does (weight 1 at advantage 0); TAU2_FILTER_ZERO_STD removes equal-reward groups on both paths.
         examples = [examples_from_trajectory(t.prompt_ids, t.response_ids, t.loss_mask, t.rollout_logprobs, a)
-                    for t, s, a in zip(trajs, samples, advantages) if not s.remove_sample and a != 0.0]
+                    for t, s, a in zip(trajs, samples, advantages)
+                    if not s.remove_sample and (a != 0.0 or algorithm == "awsft")]
         record = {"step": step + 1, "tasks": [task_key(s.metadata) for s in samples[::args.grpo_n]],
                   "raw_reward_mean": sum(raw) / len(raw),
                   "shaped_reward_mean": sum(s.reward for s in samples) / len(samples),
                   "success_rate": sum(r == 1.0 for r in raw) / len(raw),
                   "groups": len(batch), "groups_without_signal": tracker.zero_signal_groups - zero_before,
                   "trained_sequences": len(examples), "rollout_s": rollout_s}
-        if examples:  # every group all-equal (all solved or all failed): GRPO has nothing to learn from
+        if examples:  # GRPO: every group all-equal (all solved or all failed) leaves nothing to learn from
             trainer.model.train()
-            update = trainer.grpo_step(examples)
+            update = trainer.awsft_step(examples) if algorithm == "awsft" else trainer.grpo_step(examples)
             record.update({f"train_{k}": v for k, v in update.items() if isinstance(v, (int, float))})
         tracker.save(tracker_path)
         history.append(record)
-        console.print(f"grpo step {step + 1}/{args.grpo_steps}: reward {record['raw_reward_mean']:.3f} "
+        console.print(f"{algorithm} step {step + 1}/{args.grpo_steps}: reward {record['raw_reward_mean']:.3f} "
                       f"(shaped {record['shaped_reward_mean']:.3f}), {record['groups_without_signal']}/{len(batch)} "
                       f"groups without signal, trained on {len(examples)} sequences")
     trainer.save(dest)
     trainer.close()
-    (out / "grpo_history.json").write_text(json.dumps(history, indent=1))
+    (out / f"{algorithm}_history.json").write_text(json.dumps(history, indent=1))
     return history
 
 
@@ -202,16 +226,19 @@ def write_charts(report: dict, out: Path) -> list[Path]:
     import matplotlib.pyplot as plt
 
     paths = []
-    history = report.get("grpo", {}).get("history", [])
-    if history:
+    for algorithm in ALGORITHMS:
+        history = report.get(algorithm, {}).get("history", [])
+        if not history:
+            continue
         fig, ax = plt.subplots(figsize=(6, 3.5))
         steps = [h["step"] for h in history]
         ax.plot(steps, [h["raw_reward_mean"] for h in history], marker="o", label="task reward (tau2)")
         ax.plot(steps, [h["shaped_reward_mean"] for h in history], marker="s", label="shaped reward")
-        ax.set_xlabel("GRPO step")
+        ax.set_xlabel(f"{algorithm.upper()} step")
         ax.set_ylabel("mean reward over the step's episodes")
-        paths.append(_finish(fig, ax, f"GRPO on {report['domain']} (scripted user: plumbing check)",
-                             out / "grpo_reward.png"))
+        ax.set_ylim(bottom=min(0.0, *(h["shaped_reward_mean"] for h in history)))
+        paths.append(_finish(fig, ax, f"{algorithm.upper()} on {report['domain']} (scripted user: plumbing check)",
+                             out / f"{algorithm}_reward.png"))
     stages = [s for s in STAGES if s in report["stages"]]
     if stages:
         k = report["stages"][stages[0]]["k"]
@@ -289,7 +316,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--rft-temperature", type=float, default=0.8)
     g.add_argument("--rft-epochs", type=int, default=10)
     g.add_argument("--rft-lr", type=float, default=1e-3)
-    g = p.add_argument_group("GRPO")
+    g = p.add_argument_group("GRPO / AWSFT (the policy stage)")
+    g.add_argument("--algorithm", default="grpo", type=_algorithms,
+                   help="the policy stage's loss: grpo (PPO-clip), awsft (advantage-weighted SFT), or both "
+                        "(grpo,awsft: each from the RFT checkpoint, reported side by side)")
     g.add_argument("--grpo-steps", type=int, default=6)
     g.add_argument("--grpo-tasks-per-step", type=int, default=3)
     g.add_argument("--grpo-n", type=int, default=4, help="samples per task (the GRPO group)")
@@ -300,6 +330,14 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--wandb-project", default=None, help="also log training to wandb (offline without a key)")
     add_config_args(p)
     return p
+
+
+def _algorithms(text: str) -> tuple[str, ...]:
+    names = tuple(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
+    unknown = [n for n in names if n not in ALGORITHMS]
+    if not names or unknown:
+        raise argparse.ArgumentTypeError(f"{text!r}: choose from {', '.join(ALGORITHMS)} (comma-separated)")
+    return names
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -339,7 +377,8 @@ def main(argv: list[str] | None = None) -> int:
 
     save.t = t_start
     base = prepare_model(args, out)
-    checkpoints = {"base": base, "sft": out / "sft", "rft": out / "rft", "grpo": out / "grpo" / "model"}
+    checkpoints = {"base": base, "sft": out / "sft", "rft": out / "rft",
+                   **{a: out / a / "model" for a in ALGORITHMS}}
 
     def evaluated(stage: str) -> None:
         if stage not in report["stages"]:
@@ -366,11 +405,14 @@ def main(argv: list[str] | None = None) -> int:
                                               args.rft_lr, args.rft_epochs)}
         save()
     evaluated("rft")
-    if not checkpoints["grpo"].exists():
-        console.rule("GRPO")
-        report["grpo"] = {"history": grpo_stage(args, checkpoints["rft"], checkpoints["grpo"], out, cfg, split)}
-        save()
-    evaluated("grpo")
+    for algorithm in args.algorithm:
+        if not checkpoints[algorithm].exists():
+            console.rule(algorithm.upper())
+            task_ids, report["grpo_tasks"] = grpo_task_ids(args, out, cfg, split)
+            report[algorithm] = {"history": policy_stage(args, algorithm, checkpoints["rft"], checkpoints[algorithm],
+                                                         out, cfg, task_ids, split)}
+            save()
+        evaluated(algorithm)
     report["charts"] = [str(p) for p in write_charts(report, out)]
     save()
     print_stage_table(report)
