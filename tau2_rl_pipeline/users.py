@@ -2,7 +2,8 @@
 
 - `llm`: tau2's own `UserSimulator` over litellm (the real one): gpt-4.1 by default, or an SGLang server's
   OpenAI-compatible endpoint at scale (`TAU2_USER_MODEL=openai/<served name>`, `TAU2_USER_API_BASE=http://host:port/v1`).
-  In telecom it gets the user's device tools, and its tool calls run on them.
+  In telecom it gets the user's device tools, and its tool calls run on them. TAU2_USER_STRATEGY picks one of the
+  original tau-bench's strategies on top of it (user_strategies.py).
 - `scripted`: an offline user built from the task's scenario, for runs with no LLM at all (the demo, CI). It states
   the request and what it knows, performs the task's user-side gold actions when the agent replies (telecom device
   steps), then ends with ###STOP###. It is a plumbing and learning-signal check, not a tau2 user: scores with it are
@@ -21,6 +22,7 @@ from tau2.user.base import STOP, BaseUser, UserState
 from tau2.user.user_simulator import UserSimulator
 
 from tau2_rl_pipeline.config import Tau2Config
+from tau2_rl_pipeline.user_strategies import StrategyUser
 
 USER_KINDS = ("llm", "scripted")
 UserFactory = Callable[[Task, Environment], BaseUser]
@@ -141,6 +143,10 @@ def make_user_factory(kind: str, cfg: Tau2Config) -> UserFactory:
 
         def build(task: Task, environment: Environment) -> BaseUser:
             tools = environment.get_user_tools() if environment.user_tools is not None else None
+            if cfg.user_strategy != "llm":  # the original tau-bench's strategies, on top of tau2's simulator
+                return StrategyUser(tools=tools, instructions=str(task.user_scenario), llm=cfg.user_model,
+                                    llm_args=dict(args), strategy=cfg.user_strategy,
+                                    max_checks=cfg.user_strategy_max_checks)
             return UserSimulator(tools=tools, instructions=str(task.user_scenario), llm=cfg.user_model,
                                  llm_args=dict(args))
 
