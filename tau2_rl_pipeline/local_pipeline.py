@@ -30,6 +30,7 @@ from tau2_rl_pipeline.config import Tau2Config, add_config_args, config_from_arg
 from tau2_rl_pipeline.curriculum import CurriculumTracker
 from tau2_rl_pipeline.difficulty import filter_tasks, pass_rates
 from tau2_rl_pipeline.engines import SamplingParams, TransformersEngine
+from tau2_rl_pipeline.judge import JudgeClient, judge_trajectory
 from tau2_rl_pipeline.reward import post_process, task_key
 from tau2_rl_pipeline.rft import select_rft
 from tau2_rl_pipeline.rollout import run_episode
@@ -128,11 +129,17 @@ def rft_stage(args, sft_dir: Path, out: Path, split: str) -> tuple[list[dict], d
 
 async def _grpo_rollouts(domain: str, engine, tokenizer, tasks, n: int, sampling: SamplingParams,
                          cfg: Tau2Config, seed: int):
-    """n episodes per task, in task order (slime's group layout), each with its own sampling seed."""
-    return await asyncio.gather(*[
+    """n episodes per task, in task order (slime's group layout), each with its own sampling seed; judged when
+    TAU2_USE_JUDGE is on."""
+    trajs = await asyncio.gather(*[
         run_episode(domain, task, engine, tokenizer, ScriptedUser(task),
                     SamplingParams(**{**sampling.__dict__, "seed": seed + g * n + i}), cfg)
         for g, task in enumerate(tasks) for i in range(n)])
+    if not cfg.use_judge:
+        return trajs
+    async with JudgeClient(cfg) as judge:
+        return await asyncio.gather(*[judge_trajectory(t, str(tasks[k // n].user_scenario), judge)
+                                      for k, t in enumerate(trajs)])
 
 
 def grpo_task_ids(args, out: Path, cfg: Tau2Config, split: str) -> tuple[list[str], dict]:
@@ -193,7 +200,9 @@ def policy_stage(args, algorithm: str, start: Path, dest: Path, out: Path, cfg: 
                   "shaped_reward_mean": sum(s.reward for s in samples) / len(samples),
                   "success_rate": sum(r == 1.0 for r in raw) / len(raw),
                   "groups": len(batch), "groups_without_signal": tracker.zero_signal_groups - zero_before,
-                  "trained_sequences": len(examples), "rollout_s": rollout_s}
+                  "trained_sequences": len(examples), "rollout_s": rollout_s,
+                  "aborted": sum(s.status.name == "ABORTED" for s in samples),
+                  "judge_calls": sum(t.judge_calls for t in trajs)}
         if examples:  # GRPO: every group all-equal (all solved or all failed) leaves nothing to learn from
             trainer.model.train()
             update = trainer.awsft_step(examples) if algorithm == "awsft" else trainer.grpo_step(examples)

@@ -21,6 +21,7 @@ from tau2_rl_pipeline.config import Tau2Config
 from tau2_rl_pipeline.curriculum import CurriculumTracker, state_path
 from tau2_rl_pipeline.engines import SamplingParams, SGLangEngine
 from tau2_rl_pipeline.env import build_environment
+from tau2_rl_pipeline.judge import JudgeClient, judge_trajectory
 from tau2_rl_pipeline.reward import (
     filter_equal_reward_groups,
     format_penalty,
@@ -52,6 +53,11 @@ def _engine(ip: str, port: int, concurrency: int) -> SGLangEngine:
     # episodes in flight (bench/README.md, P2).
     gc.freeze()
     return SGLangEngine.from_router(ip, port, max_in_flight=concurrency)
+
+
+@functools.lru_cache(maxsize=None)
+def _judge(cfg: Tau2Config) -> JudgeClient:
+    return JudgeClient(cfg)
 
 
 @functools.lru_cache(maxsize=None)
@@ -138,6 +144,8 @@ async def generate(args, sample, sampling_params: dict[str, Any], evaluation: bo
     user = _user_factory(cfg)(task, environment)
     traj = await run_episode(domain, task, engine, tokenizer, user, sampling_from_slime(sampling_params, tokenizer),
                              cfg, environment=environment)
+    if cfg.use_judge:
+        traj = await judge_trajectory(traj, str(task.user_scenario), _judge(cfg))
     return fill_sample(sample, traj, cfg, tokenizer)
 
 
