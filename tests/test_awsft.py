@@ -13,7 +13,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from tau2_rl_pipeline.losses import awsft_loss, awsft_weights, local_awsft_loss, low_var_kl
+from tau2_rl_pipeline.losses import (
+    awsft_loss,
+    awsft_weights,
+    local_awsft_loss,
+    low_var_kl,
+)
 from tau2_rl_pipeline.trainer import LocalTrainer, TrainConfig, TrainExample
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,12 +1,9 @@
 """Difficulty-filtered GRPO tasks: pass rates from the RFT stage's episode records, the band, the counts of each
-bound's drops, the CLI that scripts/pipeline.sh runs, and the pipeline stage itself run for real."""
+bound's drops, and the CLI that scripts/pipeline.sh runs (its stage is run for real in test_scripts.py)."""
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -61,7 +58,7 @@ def test_rows_of_the_task_index_are_filtered_in_order():
     assert [r["metadata"]["domain"] for r in kept] == ["retail"] * 4 and stats.dropped_above_max == 2
 
 
-def _write_inputs(tmp_path: Path, keys: list[tuple[str, str]] = KEYS) -> tuple[Path, Path]:
+def write_inputs(tmp_path: Path, keys: list[tuple[str, str]] = KEYS) -> tuple[Path, Path]:
     tmp_path.mkdir(parents=True, exist_ok=True)
     episodes = tmp_path / "rft.jsonl.eval.json.episodes.jsonl"
     lines = [json.dumps({"header": {"format": 1, "settings": {}}})] + [json.dumps(r) for r in RECORDS]
@@ -75,7 +72,7 @@ def _write_inputs(tmp_path: Path, keys: list[tuple[str, str]] = KEYS) -> tuple[P
 
 
 def test_cli_writes_the_filtered_index_and_its_counts(tmp_path, capsys, monkeypatch):
-    episodes, tasks = _write_inputs(tmp_path)
+    episodes, tasks = write_inputs(tmp_path)
     out = tmp_path / "grpo.jsonl"
     monkeypatch.setenv("TAU2_GRPO_MAX_PASS_RATE", "0.9")
     assert main(["--episodes", str(episodes), "--tasks", str(tasks), "--out", str(out)]) == 0
@@ -84,7 +81,7 @@ def test_cli_writes_the_filtered_index_and_its_counts(tmp_path, capsys, monkeypa
     assert stats["dropped_above_max"] == 1 and stats["kept"] == 5
     assert "kept 5/6 tasks" in capsys.readouterr().out
     # a band that leaves nothing is an error that says why, and writes nothing
-    episodes, tasks = _write_inputs(tmp_path / "sampled", KEYS[:4])
+    episodes, tasks = write_inputs(tmp_path / "sampled", KEYS[:4])
     out2 = tmp_path / "none.jsonl"
     assert main(["--episodes", str(episodes), "--tasks", str(tasks), "--out", str(out2), "--grpo-min-pass-rate",
                  "0.95", "--grpo-max-pass-rate", "0.99"]) == 2
@@ -92,33 +89,9 @@ def test_cli_writes_the_filtered_index_and_its_counts(tmp_path, capsys, monkeypa
     assert "no task left for GRPO" in err and len(err.strip().splitlines()) == 1 and not out2.exists()
 
 
-def test_pipeline_runs_the_filter_stage_for_real(tmp_path):
-    """scripts/pipeline.sh with every other stage's output in place: grpo_tasks runs, then is skipped."""
-    out = tmp_path / "out"
-    for path in ["models/Qwen3-4B-Instruct-2507/config.json", "data/sft_seed.jsonl",
-                 "models/Qwen3-4B-Instruct-2507_torch_dist/latest_checkpointed_iteration.txt",
-                 "checkpoints/sft/.stage_done", "models/sft_hf/config.json", "data/sft_seed_plus_rft.jsonl",
-                 "checkpoints/rft/.stage_done", "data/tasks/tau2_test_all_tasks.jsonl",
-                 "checkpoints/grpo/.stage_done", "models/grpo_hf/config.json"]:
-        (out / path).parent.mkdir(parents=True, exist_ok=True)
-        (out / path).write_text("x")
-    episodes, _ = _write_inputs(out / "data")  # the task index lands where the tasks stage writes it
-    episodes.rename(out / "data/sft_seed_plus_rft.jsonl.eval.json.episodes.jsonl")
-    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "LANG": "C.UTF-8", "TAU2_OUT_DIR": str(out),
-           "DRY_RUN": "0", "PYTHON": sys.executable, "TAU2_GRPO_MIN_PASS_RATE": "0.1"}
-    proc = subprocess.run(["bash", str(ROOT / "scripts/pipeline.sh")], env=env, capture_output=True, text=True,
-                          timeout=120, check=False)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "==> stage 8/10 grpo_tasks: running" in proc.stdout
-    assert "dropped 1 below the minimum pass rate and 0 above the maximum" in proc.stdout
-    kept = [json.loads(line)["metadata"] for line in (out / "data/tasks/tau2_train_grpo_tasks.jsonl").read_text()
-            .splitlines()]
-    assert ("retail", "0") not in {(m["domain"], m["task_id"]) for m in kept} and len(kept) == 5
-
-
 @pytest.mark.parametrize("bad", [["--grpo-max-pass-rate", "1.5"], ["--grpo-min-pass-rate", "0.8",
                                                                     "--grpo-max-pass-rate", "0.2"]])
 def test_a_bad_band_is_a_one_line_error(tmp_path, capsys, bad):
-    episodes, tasks = _write_inputs(tmp_path)
+    episodes, tasks = write_inputs(tmp_path)
     assert main(["--episodes", str(episodes), "--tasks", str(tasks), "--out", str(tmp_path / "o.jsonl"), *bad]) == 2
     assert "TAU2_GRPO_" in capsys.readouterr().err

@@ -7,14 +7,20 @@ import asyncio
 import dataclasses
 
 import pytest
+from slime_sample import Sample
 from tau2.data_model.message import AssistantMessage, ToolCall, ToolMessage, UserMessage
 from tau2.data_model.simulation import RewardInfo
 
-from slime_sample import Sample
 from tau2_rl_pipeline import judge as judge_module
 from tau2_rl_pipeline.config import Tau2Config
 from tau2_rl_pipeline.engines import SamplingParams
-from tau2_rl_pipeline.judge import JudgeClient, JudgeError, judge_trajectory, parse_score, render_conversation
+from tau2_rl_pipeline.judge import (
+    JudgeClient,
+    JudgeError,
+    judge_trajectory,
+    parse_score,
+    render_conversation,
+)
 from tau2_rl_pipeline.local_pipeline import _grpo_rollouts
 from tau2_rl_pipeline.loopback_server import Fault, LoopbackServer
 from tau2_rl_pipeline.rollout import ABORTED, COMPLETED, Trajectory

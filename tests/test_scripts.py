@@ -632,6 +632,27 @@ def test_pipeline_really_runs_the_missing_stage_then_skips_it(tmp_path: Path) ->
     assert again.rc == 0 and {state for _, state in stage_lines(again)} == {"skipped"}
 
 
+def test_pipeline_runs_the_difficulty_filter_stage_for_real(tmp_path: Path) -> None:
+    """grpo_tasks filters the train task index by the RFT sampling's pass rates, then is skipped."""
+    from test_difficulty import write_inputs
+
+    out = tmp_path / "out"
+    all_stage_outputs_but_tasks(out)
+    (out / "data/tasks/tau2_train_grpo_tasks.jsonl").unlink()
+    (out / "data/tasks/tau2_test_all_tasks.jsonl").write_text("x")
+    episodes, _ = write_inputs(out / "data")  # also writes data/tasks/tau2_train_all_tasks.jsonl
+    episodes.rename(out / "data/sft_seed_plus_rft.jsonl.eval.json.episodes.jsonl")
+    first = run_script("pipeline.sh", tmp_path, dry=False, PYTHON=sys.executable, TAU2_GRPO_MIN_PASS_RATE="0.1")
+    assert first.rc == 0, first.text
+    assert [name for name, state in stage_lines(first) if state == "running"] == ["grpo_tasks"]
+    assert "dropped 1 below the minimum pass rate and 0 above the maximum" in first.stdout
+    kept = [json.loads(line)["metadata"] for line in
+            (out / "data/tasks/tau2_train_grpo_tasks.jsonl").read_text().splitlines()]
+    assert len(kept) == 5 and ("retail", "0") not in {(m["domain"], m["task_id"]) for m in kept}
+    again = run_script("pipeline.sh", tmp_path, dry=False, PYTHON=sys.executable)
+    assert again.rc == 0 and {state for _, state in stage_lines(again)} == {"skipped"}
+
+
 def test_pipeline_stops_at_a_failing_stage(tmp_path: Path) -> None:
     all_stage_outputs_but_tasks(tmp_path / "out")
     (tmp_path / "out/checkpoints/grpo/.stage_done").unlink()

@@ -10,7 +10,12 @@ from tau2_rl_pipeline.config import Tau2Config
 from tau2_rl_pipeline.env import build_environment
 from tau2_rl_pipeline.loopback_server import LoopbackServer
 from tau2_rl_pipeline.tasks import get_task
-from tau2_rl_pipeline.user_strategies import StrategyUser, parse_check, parse_reflection, strip_thought
+from tau2_rl_pipeline.user_strategies import (
+    StrategyUser,
+    parse_check,
+    parse_reflection,
+    strip_thought,
+)
 from tau2_rl_pipeline.users import make_user_factory
 
 GREETING = AssistantMessage(role="assistant", content="Hi! How can I help you today?")
@@ -82,6 +87,13 @@ def test_verify_keeps_the_last_message_after_max_checks(server, small_tokenizer)
     _say(server, small_tokenizer, OFF, "Classification: false", "Still pizza, please.", "no verdict here")
     reply, _ = _first_message(user)
     assert reply.content == "Still pizza, please." and user.calls == 4  # 2 messages, 2 checks, no third try
+
+
+def test_max_checks_bounds_the_calls(server, small_tokenizer):
+    user = _user(server, "verify", TAU2_USER_STRATEGY_MAX_CHECKS="1")
+    _say(server, small_tokenizer, OFF, "Classification: false")
+    reply, _ = _first_message(user)
+    assert reply.content == OFF and user.calls == 2  # one check, no regeneration: the message is kept
 
 
 def test_a_passing_check_costs_one_call_more(server, small_tokenizer):
