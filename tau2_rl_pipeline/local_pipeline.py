@@ -167,7 +167,8 @@ def policy_stage(args, algorithm: str, start: Path, dest: Path, out: Path, cfg: 
         entropy_coef=args.entropy_coef, rollout_temperature=args.grpo_temperature,
         wandb_project=args.wandb_project))
     engine = TransformersEngine(trainer.model, trainer.tokenizer, device=args.device)
-    tasks = {t.id: t for t in load_tasks(args.domain, split) if t.id in set(task_ids)}
+    wanted = set(task_ids)
+    tasks = {t.id: t for t in load_tasks(args.domain, split) if t.id in wanted}
     keys = [f"{args.domain}/{tid}" for tid in tasks]
     tracker_path = out / algorithm / "curriculum_state.json"
     tracker = CurriculumTracker.restore(cfg, tracker_path if tracker_path.exists() else None)
