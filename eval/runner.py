@@ -100,11 +100,12 @@ async def run_episodes(pending: Sequence[tuple[str, Any, int]], *, engine: Any, 
 
 
 async def run_episodes_on_sglang(sglang_url: str, pending: Sequence[tuple[str, Any, int]], *, concurrency: int,
-                                 **kwargs: Any) -> None:
+                                 cfg: Tau2Config, **kwargs: Any) -> None:
     """`run_episodes` against an SGLangEngine made and closed on this event loop (its HTTP session belongs to
     the loop), with at most `concurrency` requests in flight."""
-    engine = SGLangEngine(sglang_url, max_in_flight=concurrency)
+    engine = SGLangEngine(sglang_url, max_in_flight=concurrency, max_retries=cfg.engine_max_retries,
+                          timeout_s=cfg.engine_timeout_s)
     try:
-        await run_episodes(pending, engine=engine, concurrency=concurrency, **kwargs)
+        await run_episodes(pending, engine=engine, concurrency=concurrency, cfg=cfg, **kwargs)
     finally:
         await engine.aclose()

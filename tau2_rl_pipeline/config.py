@@ -20,9 +20,9 @@ from typing import Any, Mapping
 
 ENV_PREFIX = "TAU2_"
 # TAU2_* variables read elsewhere than Tau2Config (configs/.env.template, "Other variables"): the scripts' layout
-# and output directory, the test runner's, tau2's log level, and tau2-bench's own data directory.
-OTHER_VARIABLES = ("TAU2_LOG_LEVEL", "TAU2_QWEN3_TOKENIZER", "TAU2_VENV", "TAU2_TEST_WORKERS", "TAU2_GPU_LAYOUT",
-                   "TAU2_OUT_DIR", "TAU2_DATA_DIR")
+# and output directory, the tests', tau2's log level, and tau2-bench's own data directory.
+OTHER_VARIABLES = ("TAU2_LOG_LEVEL", "TAU2_QWEN3_TOKENIZER", "TAU2_VENV", "TAU2_TEST_WORKERS", "TAU2_THIRD_PARTY",
+                   "TAU2_GPU_LAYOUT", "TAU2_OUT_DIR", "TAU2_DATA_DIR")
 _warned: set[str] = set()
 
 
@@ -74,6 +74,18 @@ class Tau2Config:
         "threads for blocking episode work (tau2 tools, user-simulator calls, evaluation) shared by all "
         "episodes in flight in one process; 0 = on the event loop (scripted user only: fastest with fast_env)",
         min_value=0))
+    # -- policy server (engines.py) and aborted runs ---------------------------------------------
+    engine_max_retries: int = field(default=4, metadata=_meta(
+        "retries of a failed policy-server /generate call (refused, reset, 5xx, malformed, timed out) before the "
+        "episode ends aborted", min_value=0))
+    engine_timeout_s: float = field(default=120.0, metadata=_meta(
+        "seconds one policy-server /generate call may take before it is retried", min_value=0.1))
+    abort_storm_fraction: float = field(default=0.5, metadata=_meta(
+        "slime runs: a rollout's worth of episodes counts as an abort storm when more than this fraction ended "
+        "aborted by infrastructure failures", min_value=0.0, max_value=1.0))
+    abort_storm_patience: int = field(default=2, metadata=_meta(
+        "slime runs: consecutive abort-storm rollouts tolerated; one more stops the run with the first error "
+        "recorded (instead of training on empty masks)", min_value=0))
     # -- reward shaping (reward.py) ---------------------------------------------------------------
     use_partial_credit: bool = field(default=True, metadata=_meta(
         "add alpha * partial score to the task reward; off = no partial-score term"))
@@ -122,6 +134,9 @@ class Tau2Config:
         "divide group-centred rewards by the group's std + 1e-6 (off = Dr. GRPO, mean-centring only)"))
     filter_zero_std: bool = field(default=False, metadata=_meta(
         "drop (remove_sample) groups whose valid rewards are all equal: they carry no GRPO signal"))
+    filter_keep_when_insufficient: bool = field(default=False, metadata=_meta(
+        "slime's dynamic filter: keep a group without signal when dropping it would leave too few to fill the "
+        "rollout batch (no extra over-sampling round)"))
     apply_curriculum_weights: bool = field(default=True, metadata=_meta(
         "multiply advantages by the task's curriculum weight (solved / hard / 1.0)"))
     curriculum_min_attempts: int = field(default=5, metadata=_meta(

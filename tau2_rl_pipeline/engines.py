@@ -11,17 +11,21 @@ Rollout code keeps the ids and log-probs these return as its one set of books: n
 
 from __future__ import annotations
 
+import array
 import asyncio
+import base64
 import json
 import logging
 import random
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 import aiohttp
+
+from tau2_rl_pipeline.tokens import TopPSpans
 
 if TYPE_CHECKING:  # torch is an optional dependency (extra "local"): SGLangEngine users need not install it
     import torch
@@ -43,6 +47,9 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     seed: int | None = None
+    # Ask for the ids each sampled token's top-p nucleus kept (slime's top-p replay: custom_params
+    # {"return_top_p_token_ids": true}, which slime sends whenever --rollout-top-p < 1).
+    return_top_p: bool = False
 
     def __post_init__(self) -> None:
         if not self.temperature >= 0.0:
@@ -59,11 +66,15 @@ class SamplingParams:
 
 @dataclass(frozen=True)
 class GenerateResult:
-    """Sampled ids (a stop token stays included), the log-prob of each, and why sampling ended."""
+    """Sampled ids (a stop token stays included), the log-prob of each, and why sampling ended; what the server
+    said of the request (`meta`: prompt_tokens, cached_tokens, weight_version) and, when asked for, the top-p
+    nucleus of each sampled token."""
 
     output_ids: list[int]
     output_logprobs: list[float]
     finish_reason: str  # "stop" | "length" | "abort"
+    meta: dict[str, Any] = field(default_factory=dict)
+    top_p: TopPSpans | None = None
 
 
 class EngineError(RuntimeError):
@@ -115,6 +126,8 @@ def sglang_generate_payload(input_ids: list[int], sampling: SamplingParams) -> d
     }
     if sampling.seed is not None:
         params["sampling_seed"] = sampling.seed  # SGLang's SamplingParams field name
+    if sampling.return_top_p:
+        params["custom_params"] = {"return_top_p_token_ids": True}
     return {"input_ids": list(input_ids), "sampling_params": params, "return_logprob": True}
 
 
@@ -150,7 +163,45 @@ def parse_generate_response(body: Any) -> GenerateResult:
             raise ValueError(f"bad output_token_logprobs entry {entry!r}, expected [logprob, token_id, text]")
         logprobs.append(float(entry[0]))
         ids.append(entry[1])
-    return GenerateResult(output_ids=ids, output_logprobs=logprobs, finish_reason=kind)
+    top_p = _top_p_spans(meta, len(ids))
+    kept = {k: meta[k] for k in META_KEPT if k in meta}
+    return GenerateResult(output_ids=ids, output_logprobs=logprobs, finish_reason=kind, meta=kept, top_p=top_p)
+
+
+META_KEPT = ("prompt_tokens", "cached_tokens", "weight_version")  # what slime reads of meta_info, top-p aside
+# slime's names for the top-p replay in meta_info (slime/utils/types.py, _TOP_P_TOKEN_*_META_KEYS)
+TOP_P_ID_KEYS = ("top_p_token_ids", "top_p_kept_token_ids")
+TOP_P_OFFSET_KEYS = ("top_p_token_offsets", "top_p_kept_token_offsets")
+
+
+def _int32_array(value: Any, key: str) -> list[int]:
+    """An int32 array as SGLang puts it in meta_info: a list of ints, or base64 of the raw int32 buffer."""
+    if isinstance(value, str):
+        try:
+            raw = base64.b64decode(value.encode("ascii"), validate=True)
+        except ValueError as exc:
+            raise ValueError(f"meta_info.{key} is not base64: {exc}") from None
+        if len(raw) % 4:
+            raise ValueError(f"meta_info.{key} holds {len(raw)} bytes, not a whole number of int32 values")
+        values = array.array("i")
+        values.frombytes(raw)
+        return values.tolist()
+    if isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        return value
+    raise ValueError(f"meta_info.{key} must be a list of ints or base64 int32, got {type(value).__name__}")
+
+
+def _top_p_spans(meta: dict[str, Any], n_tokens: int) -> TopPSpans | None:
+    ids_key = next((k for k in TOP_P_ID_KEYS if meta.get(k) is not None), None)
+    offsets_key = next((k for k in TOP_P_OFFSET_KEYS if meta.get(k) is not None), None)
+    if ids_key is None and offsets_key is None:
+        return None
+    if ids_key is None or offsets_key is None:
+        raise ValueError("meta_info has top-p token ids or offsets but not both")
+    spans = TopPSpans(_int32_array(meta[ids_key], ids_key), _int32_array(meta[offsets_key], offsets_key))
+    if len(spans) != n_tokens:
+        raise ValueError(f"top-p offsets describe {len(spans)} tokens, the response has {n_tokens}")
+    return spans
 
 
 def backoff_delay(retry: int, base_s: float, max_s: float, rng: random.Random) -> float:
@@ -213,8 +264,11 @@ class SGLangEngine:
 
     @classmethod
     def from_router(cls, ip: str, port: int, **kwargs: Any) -> SGLangEngine:
-        """Engine for slime's `--sglang-router-ip/--sglang-router-port` pair."""
-        host = f"[{ip}]" if ":" in ip else ip  # a bare IPv6 address needs brackets in a URL
+        """Engine for slime's `--sglang-router-ip/--sglang-router-port` pair. slime stores an IPv6 router address
+        already bracketed (slime/utils/http_utils.py `_wrap_ipv6`); a bare one is bracketed here, never twice."""
+        host = ip.strip().removeprefix("[").removesuffix("]")
+        if ":" in host:
+            host = f"[{host}]"
         return cls(f"http://{host}:{port}", **kwargs)
 
     def _http(self) -> aiohttp.ClientSession:
@@ -436,3 +490,24 @@ class TransformersEngine:
             logprobs = torch.log_softmax(logits / scale, dim=-1)
             picked = logprobs.gather(1, torch.tensor(output_ids, device=self.device).unsqueeze(1))
         return [float(x) for x in picked.squeeze(1)]
+
+    def top_p_spans(self, input_ids: list[int], output_ids: list[int], sampling: SamplingParams) -> TopPSpans:
+        """The ids each of `output_ids` was sampled among under `sampling` (its top-k/top-p nucleus), teacher-forced:
+        what SGLang returns for slime's top-p replay. Blocking: call it from a thread in async code."""
+        import torch
+
+        check_input_ids(input_ids, self.vocab_size)
+        ids, offsets = [], [0]
+        if output_ids:
+            with self._lock, torch.inference_mode():
+                full = torch.tensor([input_ids + output_ids[:-1]], device=self.device)
+                logits = self.model(input_ids=full).logits[0, len(input_ids) - 1:].float()
+            for row in logits:
+                if sampling.temperature < GREEDY_BELOW:
+                    kept = [int(torch.argmax(row))]
+                else:
+                    scores = sampling_logprobs(row, sampling.temperature, sampling.top_k, sampling.top_p)
+                    kept = torch.nonzero(torch.isfinite(scores)).flatten().tolist()
+                ids.extend(kept)
+                offsets.append(len(ids))
+        return TopPSpans(ids, offsets)

@@ -49,6 +49,18 @@ console = Console(stderr=True)
 
 # -- a Sample for the local path: the fields the shared reward code reads and writes ------------------------------
 @dataclass
+class PrefixCacheCounts:
+    """Per-episode prefix-cache counts that fill_sample adds up turn by turn (slime's Sample.PrefixCacheInfo)."""
+
+    cached_tokens: int = 0
+    total_prompt_tokens: int = 0
+
+    def add(self, meta: dict) -> None:
+        self.cached_tokens += meta.get("cached_tokens", 0)
+        self.total_prompt_tokens += meta.get("prompt_tokens", 0)
+
+
+@dataclass
 class LocalSample:
     class Status(Enum):
         COMPLETED = "completed"
@@ -65,6 +77,8 @@ class LocalSample:
     remove_sample: bool = False
     status: Status = Status.COMPLETED
     metadata: dict = field(default_factory=dict)
+    weight_versions: list[str] = field(default_factory=list)
+    prefix_cache_info: PrefixCacheCounts = field(default_factory=PrefixCacheCounts)
 
 
 # -- stages ----------------------------------------------------------------------------------------------------

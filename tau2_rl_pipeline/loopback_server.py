@@ -22,6 +22,7 @@ import time
 import uuid
 from collections import deque
 from enum import Enum
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,8 @@ from tau2_rl_pipeline.actions import parse_completion
 from tau2_rl_pipeline.engines import GenerateResult, SamplingParams, StopRule, TransformersEngine
 
 HOST = "127.0.0.1"  # loopback only: this server has no authentication
+LOOPBACK_HOSTS = ("127.0.0.1", "::1")
+PREFIX_CACHE_PROMPTS = 256  # recent prompts a request's cached prefix is looked up in (as SGLang's radix cache)
 SGLANG_DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's default when sampling_params omits max_new_tokens
 
 
@@ -136,14 +139,26 @@ class LoopbackServer:
 
     `faults` injects failures; `latency_s` delays every model request; `script(...)` queues token sequences that
     the next model requests return instead of sampling (log-probs then come from the real model scoring those
-    tokens teacher-forced, at the request's temperature, without top-k/top-p). `requests` holds every (path,
-    JSON body) received, in order; `max_concurrent` the peak number of model requests open at once.
+    tokens teacher-forced, at the request's temperature, without top-k/top-p); `responder(path, input_ids)`, when
+    set, may answer a request with token ids of its choosing (None: script or sample). `requests` holds every
+    (path, JSON body) received, in order, and `request_times` when each arrived (time.monotonic); `max_concurrent`
+    the peak number of model requests open at once.
+
+    Besides the model endpoints it answers what slime's end-of-rollout abort calls (slime/rollout/sglang_rollout.py
+    `abort`): the router's `GET /workers`, a server's `POST /abort_request` (`abort_all`: every `/generate` in
+    flight returns at once with finish reason `abort`) and `GET /v1/loads`. `cached_tokens` is the longest prefix
+    a prompt shares with a recent one, as SGLang's prefix cache reports it; `custom_params`
+    `{"return_top_p_token_ids": true}` returns each sampled token's top-p nucleus (slime's top-p replay).
     """
 
     def __init__(self, engine: TransformersEngine, *, model_name: str = "tiny", port: int = 0,
-                 latency_s: float = 0.0, default_max_tokens: int = 64, hang_s: float = 30.0) -> None:
+                 latency_s: float = 0.0, default_max_tokens: int = 64, hang_s: float = 30.0,
+                 host: str = HOST) -> None:
         if engine.tokenizer is None:
             raise ValueError("the loopback server needs an engine with a tokenizer (to render chats and text)")
+        if host not in LOOPBACK_HOSTS:
+            raise ValueError(f"host must be a loopback address {LOOPBACK_HOSTS}, got {host!r} (no authentication)")
+        self.host = host
         self.engine = engine
         self.tokenizer = engine.tokenizer
         self.model_name = model_name
@@ -151,7 +166,13 @@ class LoopbackServer:
         self.default_max_tokens = default_max_tokens
         self.faults = FaultPlan(hang_s=hang_s)
         self.requests: list[tuple[str, Any]] = []
+        self.request_times: list[float] = []
+        self.responder: Callable[[str, list[int]], list[int] | None] | None = None
         self.max_concurrent = 0
+        self.max_generating = 0  # peak number of /generate requests open at once
+        self._recent_prompts: deque[list[int]] = deque(maxlen=PREFIX_CACHE_PROMPTS)
+        self._generating: set[asyncio.Task] = set()
+        self._aborted: set[asyncio.Task] = set()
         self.port = port
         self._open = 0
         self._script: deque[list[int]] = deque()
@@ -165,7 +186,7 @@ class LoopbackServer:
 
     @property
     def base_url(self) -> str:
-        return f"http://{HOST}:{self.port}"
+        return f"http://[{self.host}]:{self.port}" if ":" in self.host else f"http://{self.host}:{self.port}"
 
     def script(self, *sequences: list[int]) -> None:
         """Queue token sequences for the next model requests to return, one per request."""
@@ -213,11 +234,14 @@ class LoopbackServer:
         app.router.add_get("/health", self._health)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/get_model_info", self._model_info)
+        app.router.add_get("/workers", self._workers)
+        app.router.add_post("/abort_request", self._abort_request)
+        app.router.add_get("/v1/loads", self._loads)
         # handler_cancellation: a client that gives up (timeout) cancels its hung handler instead of leaving it.
         runner = web.AppRunner(app, access_log=None, handler_cancellation=True, shutdown_timeout=0.5)
         try:
             loop.run_until_complete(runner.setup())
-            loop.run_until_complete(web.TCPSite(runner, HOST, self.port).start())
+            loop.run_until_complete(web.TCPSite(runner, self.host, self.port).start())
             self.port = runner.addresses[0][1]
         except BaseException as exc:  # reported to start()'s caller, e.g. a port already in use
             self._startup_error = exc
@@ -239,6 +263,7 @@ class LoopbackServer:
         except ValueError:
             body = None
         self.requests.append((request.path, body))
+        self.request_times.append(time.monotonic())
         self._open += 1
         self.max_concurrent = max(self.max_concurrent, self._open)
         try:
@@ -253,22 +278,64 @@ class LoopbackServer:
                 return web.Response(text='{"text": "cut short', content_type="application/json")
             if fault is Fault.HANG:
                 await asyncio.sleep(self.faults.hang_s)
-            if self.latency_s:
-                await asyncio.sleep(self.latency_s)
-            if not isinstance(body, dict):
-                return _error(400, "request body must be a JSON object")
-            try:
-                return web.json_response(await answer(body))
-            except (BadRequest, ValueError, TypeError) as exc:
-                return _error(400, str(exc))
+
+            async def respond() -> Any:
+                if self.latency_s:
+                    await asyncio.sleep(self.latency_s)
+                if not isinstance(body, dict):
+                    return _error(400, "request body must be a JSON object")
+                try:
+                    return web.json_response(await answer(body))
+                except (BadRequest, ValueError, TypeError) as exc:
+                    return _error(400, str(exc))
+
+            if request.path != "/generate":
+                return await respond()
+            return await self._abortable(respond())
         finally:
             self._open -= 1
 
-    async def _run(self, input_ids: list[int], sampling: SamplingParams) -> tuple[GenerateResult, int | str | None]:
-        """Sample (or replay the script) and say which stop id/string ended it, as SGLang's `matched` does."""
+    async def _abortable(self, respond) -> web.StreamResponse:
+        """A `/generate` answer that `/abort_request` can cut short: it then returns at once, as SGLang does, with
+        finish reason `abort` and no tokens."""
+        task = asyncio.ensure_future(respond)
+        self._generating.add(task)
+        self.max_generating = max(self.max_generating, len(self._generating))
+        try:
+            return await task
+        except asyncio.CancelledError:
+            if task not in self._aborted:
+                raise
+            meta = {"id": uuid.uuid4().hex, "finish_reason": {"type": "abort", "message": "Abort before prefill"},
+                    "prompt_tokens": 0, "completion_tokens": 0, "cached_tokens": 0, "weight_version": "default",
+                    "output_token_logprobs": []}
+            return web.json_response({"text": "", "output_ids": [], "meta_info": meta})
+        finally:
+            self._generating.discard(task)
+            self._aborted.discard(task)
+
+    def _cached_tokens(self, input_ids: list[int]) -> int:
+        best = 0
+        for earlier in self._recent_prompts:
+            n = 0
+            for a, b in zip(earlier, input_ids):
+                if a != b:
+                    break
+                n += 1
+            best = max(best, n)
+        self._recent_prompts.append(list(input_ids))
+        return best
+
+    async def _run(self, input_ids: list[int], sampling: SamplingParams,
+                   path: str = "/generate") -> tuple[GenerateResult, int | str | None]:
+        """Sample (or replay the script or the responder's ids) and say which stop id/string ended it, as
+        SGLang's `matched` does."""
         rule = self.engine.stop_rule(sampling)
-        if self._script:
-            ids, finish = truncate_scripted(self._script.popleft(), rule, sampling.max_new_tokens)
+        chosen = self.responder(path, input_ids) if self.responder is not None else None
+        if chosen is None and self._script:
+            chosen = self._script.popleft()
+        if chosen is not None:
+            ids, finish = truncate_scripted(chosen, rule, sampling.max_new_tokens)
             logprobs = await asyncio.to_thread(self.engine.score, input_ids, ids, sampling.temperature)
             result = GenerateResult(output_ids=ids, output_logprobs=logprobs, finish_reason=finish)
         else:
@@ -284,14 +351,19 @@ class LoopbackServer:
             raise BadRequest("this server takes one prompt as input_ids (a list of ints); text and batches are "
                              "not supported")
         params = body.get("sampling_params") or {}
-        result, matched = await self._run(input_ids, sampling_from_sglang(params))
+        sampling = sampling_from_sglang(params)
+        cached = self._cached_tokens(input_ids)
+        result, matched = await self._run(input_ids, sampling)
         if result.finish_reason == "stop":
             finish = {"type": "stop", "matched": matched}
         else:
             finish = {"type": "length", "length": len(result.output_ids)}
         meta: dict[str, Any] = {
             "id": uuid.uuid4().hex, "finish_reason": finish, "prompt_tokens": len(input_ids),
-            "completion_tokens": len(result.output_ids), "cached_tokens": 0, "weight_version": "default"}
+            "completion_tokens": len(result.output_ids), "cached_tokens": cached, "weight_version": "default"}
+        if (params.get("custom_params") or {}).get("return_top_p_token_ids"):
+            spans = await asyncio.to_thread(self.engine.top_p_spans, input_ids, result.output_ids, sampling)
+            meta["top_p_token_ids"], meta["top_p_token_offsets"] = spans.ids, spans.offsets
         if body.get("return_logprob"):
             meta["output_token_logprobs"] = [
                 [lp, t, None] for lp, t in zip(result.output_logprobs, result.output_ids, strict=True)]
@@ -320,7 +392,7 @@ class LoopbackServer:
             temperature=float(body.get("temperature", 1.0)), top_p=float(body.get("top_p", 1.0)),
             max_new_tokens=int(max_tokens), stop=(stop,) if isinstance(stop, str) else tuple(stop),
             seed=body.get("seed"))
-        result, _ = await self._run(input_ids, sampling)
+        result, _ = await self._run(input_ids, sampling, "/v1/chat/completions")
         text = self.tokenizer.decode(result.output_ids, skip_special_tokens=True)
         content, tool_calls = parse_qwen3_tool_calls(text)
         finish = "tool_calls" if tool_calls else result.finish_reason
@@ -340,6 +412,27 @@ class LoopbackServer:
         return web.json_response({"object": "list", "data": [
             {"id": self.model_name, "object": "model", "created": int(time.time()), "owned_by": "loopback",
              "root": self.model_name}]})
+
+    async def _workers(self, request: web.Request) -> web.StreamResponse:
+        """The router's worker list (what slime's abort reads): this server is its only worker."""
+        return web.json_response({"workers": [{"url": self.base_url, "model_id": self.model_name,
+                                               "worker_type": "regular", "is_healthy": True}], "total": 1})
+
+    async def _abort_request(self, request: web.Request) -> web.StreamResponse:
+        try:
+            body = await request.json()
+        except ValueError:
+            body = None
+        self.requests.append((request.path, body))
+        self.request_times.append(time.monotonic())
+        if isinstance(body, dict) and body.get("abort_all"):
+            for task in list(self._generating):
+                self._aborted.add(task)
+                task.cancel()
+        return web.Response()
+
+    async def _loads(self, request: web.Request) -> web.StreamResponse:
+        return web.json_response({"loads": [{"num_running_reqs": len(self._generating), "num_waiting_reqs": 0}]})
 
     async def _model_info(self, request: web.Request) -> web.StreamResponse:
         return web.json_response({"model_path": self.model_name, "tokenizer_path": self.model_name,

@@ -21,6 +21,7 @@ import asyncio
 import functools
 import time
 import weakref
+from collections.abc import Callable
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 
@@ -34,9 +35,10 @@ from tau2_rl_pipeline.config import Tau2Config
 from tau2_rl_pipeline.engines import Engine, EngineError, SamplingParams
 from tau2_rl_pipeline.env import Episode, UserSideError
 from tau2_rl_pipeline.prompting import to_agent_chat
-from tau2_rl_pipeline.tokens import ObservationTemplate, TokenBuffer
+from tau2_rl_pipeline.tokens import ObservationTemplate, TokenBuffer, TopPSpans
 
 COMPLETED, TRUNCATED, ABORTED = "completed", "truncated", "aborted"
+ROLLOUT_STOPPED = "rollout_stopped"  # termination reason of an episode ended by its caller's stop_requested()
 
 
 @dataclass
@@ -63,6 +65,8 @@ class Trajectory:
     unknown_tool_calls: int = 0
     user_tool_calls_by_agent: int = 0
     refused_call_ids: list[str] = field(default_factory=list)  # never executed: left out of tau2's replay
+    turn_meta: list[dict] = field(default_factory=list)  # per policy turn: prompt_tokens, cached_tokens, weight_version
+    top_p: TopPSpans | None = None  # each response token's top-p nucleus, when the engine was asked for it
     judge_score: float | None = None  # an LLM judge's rubric score in [0, 1] (TAU2_USE_JUDGE), else None
     judge_calls: int = 0  # judge requests made for this episode, retries included
 
@@ -155,7 +159,10 @@ async def run_episode(
     *,
     environment: Environment | None = None,
     executor: Executor | None = None,
+    stop_requested: Callable[[], bool] | None = None,
 ) -> Trajectory:
+    """One episode; `stop_requested()` is asked before every policy turn (slime's end-of-rollout abort): when it
+    says yes, the episode ends aborted there instead of sending another request."""
     executor = executor if executor is not None else shared_executor(cfg.episode_workers)
     clock = _Clock()
     t_start = time.perf_counter()
@@ -174,6 +181,7 @@ async def run_episode(
     system = {"role": "system", "content": episode.system_prompt}
     buf = TokenBuffer(prompt_ids=[])
     status, reason, error, turns = COMPLETED, None, None, 0
+    turn_meta: list[dict] = []
     try:
         view = await blocking("env_s", episode.start)
         buf.prompt_ids = await blocking("tokenize_s", template.first_prompt_ids, [system, *view], episode.tools)
@@ -183,12 +191,16 @@ async def run_episode(
                 status, reason = TRUNCATED, ("max_turns" if turns >= cfg.max_turns else "max_context_len")
                 break
             await checkpoint()
+            if stop_requested is not None and stop_requested():
+                status, reason, error = ABORTED, ROLLOUT_STOPPED, "the rollout was stopped before this turn"
+                break
             t0 = time.perf_counter()
             result = await engine.generate(buf.all_ids(), replace(
                 sampling, max_new_tokens=min(sampling.max_new_tokens, room), seed=turn_seed(sampling.seed, turns)))
             clock.add("generate_s", time.perf_counter() - t0)
             turns += 1
-            buf.add_policy(result.output_ids, result.output_logprobs)
+            turn_meta.append(result.meta)
+            buf.add_policy(result.output_ids, result.output_logprobs, result.top_p)
             if result.finish_reason == "abort":
                 status, reason, error = ABORTED, "engine_abort", "the engine aborted the request"
                 break
@@ -235,4 +247,6 @@ async def run_episode(
         unknown_tool_calls=episode.unknown_tool_calls,
         user_tool_calls_by_agent=episode.user_tool_calls_by_agent,
         refused_call_ids=sorted(episode.refused_call_ids),
+        turn_meta=turn_meta,
+        top_p=TopPSpans(buf.top_p_ids, buf.top_p_offsets) if buf.top_p_offsets is not None else None,
     )

@@ -3,20 +3,26 @@
     --custom-generate-function-path        tau2_rl_pipeline.slime_adapter.generate
     --custom-reward-post-process-path      tau2_rl_pipeline.slime_adapter.reward_post_process
     --dynamic-sampling-filter-path         tau2_rl_pipeline.slime_adapter.filter_zero_std_groups   (TAU2_FILTER_ZERO_STD=1)
+    --rollout-function-path                tau2_rl_pipeline.slime_adapter.generate_rollout_fully_async   (async GRPO)
 
 slime loads these by dotted path inside its Ray job, so this package must be on the job's PYTHONPATH (the stage
-scripts put it there). slime itself is never imported: the `Sample` class comes in with the sample
-(`type(sample).Status`), so this module imports and tests without slime installed.
+scripts put it there). slime is imported only inside the functions slime calls, where it is always there; `_slime`
+names everything this module uses of it, so a slime upgrade is checked in one place (and by tests/contract, which
+runs slime's own rollout code against these plug-ins).
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import gc
+import logging
 import threading
 from dataclasses import replace
+from types import SimpleNamespace
 from typing import Any
 
+from tau2_rl_pipeline.abort_storm import AbortStormGuard
 from tau2_rl_pipeline.config import Tau2Config
 from tau2_rl_pipeline.curriculum import CurriculumTracker, state_path
 from tau2_rl_pipeline.engines import SamplingParams, SGLangEngine
@@ -29,9 +35,28 @@ from tau2_rl_pipeline.reward import (
     post_process,
     shaped_reward,
 )
-from tau2_rl_pipeline.rollout import ABORTED, TRUNCATED, Trajectory, run_episode
+from tau2_rl_pipeline.rollout import ABORTED, ROLLOUT_STOPPED, TRUNCATED, Trajectory, run_episode
 from tau2_rl_pipeline.tasks import get_task
 from tau2_rl_pipeline.users import make_user_factory
+
+logger = logging.getLogger(__name__)
+STORM_POLL_S = 0.5  # how often the asynchronous rollout looks whether an abort storm stopped the run
+
+
+def _slime() -> SimpleNamespace:
+    """What this module uses of slime 624b824 (imported when slime calls us, inside its own process)."""
+    from slime.rollout import fully_async_rollout
+    from slime.rollout.filter_hub.base_types import DynamicFilterOutput
+    from slime.rollout.sglang_rollout import GenerateState
+    from slime.utils.async_utils import run
+    from slime.utils.http_utils import get_rollout_num_engines
+
+    return SimpleNamespace(GenerateState=GenerateState, DynamicFilterOutput=DynamicFilterOutput,
+                           get_rollout_num_engines=get_rollout_num_engines, run=run,
+                           # slime's worker drops a group whose generate raised; its private coroutine is what
+                           # generate_rollout_fully_async runs, so the storm check can stand beside it.
+                           fully_async_rollout=fully_async_rollout.generate_rollout_fully_async,
+                           fully_async_coroutine=fully_async_rollout._generate_rollout_async)
 
 
 @functools.lru_cache(maxsize=None)
@@ -47,12 +72,30 @@ def _tokenizer(path: str):
 
 
 @functools.lru_cache(maxsize=None)
-def _engine(ip: str, port: int, concurrency: int) -> SGLangEngine:
+def _engine(ip: str, port: int, concurrency: int, max_retries: int, timeout_s: float) -> SGLangEngine:
     # The first episode of the run: what slime, torch and tau2 have loaded by now lives as long as the process.
     # Out of the collector's full passes, which otherwise stall the event loop for ~0.4 s each with hundreds of
     # episodes in flight (bench/README.md, P2).
     gc.freeze()
-    return SGLangEngine.from_router(ip, port, max_in_flight=concurrency)
+    return SGLangEngine.from_router(ip, port, max_in_flight=concurrency, max_retries=max_retries,
+                                    timeout_s=timeout_s)
+
+
+def in_flight_cap(args) -> int:
+    """slime's own bound on generate calls in flight: --sglang-server-concurrency per rollout engine
+    (slime/rollout/sglang_rollout.py GenerateState.semaphore)."""
+    return int(args.sglang_server_concurrency) * max(1, _slime().get_rollout_num_engines(args))
+
+
+@functools.lru_cache(maxsize=None)
+def _storm_guard(window: int, fraction: float, patience: int) -> AbortStormGuard:
+    return AbortStormGuard(window, fraction, patience)
+
+
+def storm_guard(args, cfg: Tau2Config) -> AbortStormGuard:
+    """One guard per process and run shape; a window is one rollout's episodes."""
+    window = int(args.rollout_batch_size) * int(args.n_samples_per_prompt)
+    return _storm_guard(window, cfg.abort_storm_fraction, cfg.abort_storm_patience)
 
 
 @functools.lru_cache(maxsize=None)
@@ -76,6 +119,7 @@ def sampling_from_slime(sampling_params: dict[str, Any], tokenizer) -> SamplingP
         stop=tuple(sampling_params.get("stop") or ()),
         stop_token_ids=tuple(sorted(stop_ids)),
         seed=sampling_params.get("sampling_seed"),
+        return_top_p=bool((sampling_params.get("custom_params") or {}).get("return_top_p_token_ids")),
     )
 
 
@@ -87,8 +131,16 @@ def episode_config(args) -> Tau2Config:
     return cfg
 
 
-def fill_sample(sample, traj: Trajectory, cfg: Tau2Config, tokenizer):
-    """Write a trajectory into a slime Sample: tokens, mask, log-probs, shaped reward, status, metadata."""
+class TopPUnavailable(RuntimeError):
+    """--rollout-top-p < 1 needs each token's top-p nucleus from SGLang, and the server returned none."""
+
+
+def fill_sample(sample, traj: Trajectory, cfg: Tau2Config, tokenizer, *, top_p: bool = False):
+    """Write a trajectory into a slime Sample: tokens, mask, log-probs, top-p replay (when slime asked for it),
+    what SGLang reported per turn (prefix-cache counts, weight versions), shaped reward, status, metadata.
+
+    The sample is rewritten whole: a sample that slime hands back after its end-of-rollout abort (partial rollout)
+    gets a fresh episode, all of it sampled by the current weights, so nothing off-policy is kept."""
     status_enum = type(sample).Status
     prompt_ids, response_ids = list(traj.prompt_ids), list(traj.response_ids)
     loss_mask, logprobs = list(traj.loss_mask), list(traj.rollout_logprobs)
@@ -101,6 +153,20 @@ def fill_sample(sample, traj: Trajectory, cfg: Tau2Config, tokenizer):
     sample.response_length = len(response_ids)
     sample.loss_mask = loss_mask
     sample.rollout_log_probs = logprobs
+    if top_p:
+        if traj.top_p is not None:
+            sample.rollout_top_p_token_ids, sample.rollout_top_p_token_offsets = traj.top_p.ids, traj.top_p.offsets
+        elif not any(loss_mask):  # nothing sampled: every response token has an empty nucleus span
+            sample.rollout_top_p_token_ids, sample.rollout_top_p_token_offsets = [], [0] * (len(response_ids) + 1)
+        else:
+            raise TopPUnavailable(
+                "--rollout-top-p below 1 asks SGLang for each sampled token's top-p nucleus (slime's top-p replay, "
+                "custom_params return_top_p_token_ids) and the policy server returned none: run an SGLang that "
+                "supports it (slime's image) or set --rollout-top-p 1.0")
+    sample.weight_versions = [str(m["weight_version"]) for m in traj.turn_meta if "weight_version" in m]
+    sample.prefix_cache_info = type(sample.prefix_cache_info)()
+    for meta in traj.turn_meta:
+        sample.prefix_cache_info.add(meta)
     sample.response = tokenizer.decode(response_ids, skip_special_tokens=False)
     partial, parts = partial_score(traj.reward_info, traj.domain, cfg, traj.judge_score) if traj.reward_info \
         else (0.0, {})
@@ -111,8 +177,9 @@ def fill_sample(sample, traj: Trajectory, cfg: Tau2Config, tokenizer):
     else:
         sample.status = status_enum.TRUNCATED if traj.status == TRUNCATED else status_enum.COMPLETED
         sample.reward = shaped_reward(traj.reward, partial, traj.domain, cfg, penalty)
+    earlier = {k: v for k, v in (sample.metadata or {}).items() if k != "start_rollout_id"}
     sample.metadata = {
-        **(sample.metadata or {}),
+        **earlier,
         "raw_reward": traj.reward,
         "partial_score": partial,
         "partial_parts": parts,
@@ -132,21 +199,60 @@ def fill_sample(sample, traj: Trajectory, cfg: Tau2Config, tokenizer):
 
 
 async def generate(args, sample, sampling_params: dict[str, Any], evaluation: bool = False):
-    """slime's custom generate function: one tau2 episode per sample, against the SGLang router."""
+    """slime's custom generate function: one tau2 episode per sample, against the SGLang router.
+
+    Once slime aborts the rollout (it has enough groups), an episode sends no further turn and ends aborted.
+    Episodes that aborted for infrastructure reasons feed the abort-storm guard, which stops the run when
+    rollout after rollout is mostly aborted (the error names the first failure)."""
+    slime = _slime()
     meta = sample.metadata or {}
     domain, task_id = meta["domain"], meta["task_id"]
     task = get_task(domain, task_id, meta.get("split"))
     cfg = episode_config(args)
+    guard = storm_guard(args, cfg)
+    if guard.tripped is not None:
+        raise guard.tripped
     tokenizer = _tokenizer(args.hf_checkpoint)
-    engine = _engine(args.sglang_router_ip, int(args.sglang_router_port),
-                     int(getattr(args, "sglang_server_concurrency", None) or 512))
+    engine = _engine(args.sglang_router_ip, int(args.sglang_router_port), in_flight_cap(args),
+                     cfg.engine_max_retries, cfg.engine_timeout_s)
+    state = slime.GenerateState(args)
+    sampling = sampling_from_slime(sampling_params, tokenizer)
     environment = build_environment(domain, cfg.fast_env)
     user = _user_factory(cfg)(task, environment)
-    traj = await run_episode(domain, task, engine, tokenizer, user, sampling_from_slime(sampling_params, tokenizer),
-                             cfg, environment=environment)
-    if cfg.use_judge:
+    traj = await run_episode(domain, task, engine, tokenizer, user, sampling, cfg, environment=environment,
+                             stop_requested=lambda: state.aborted)
+    if traj.status == ABORTED and state.aborted:  # slime's end-of-rollout abort reached the request in flight
+        traj = replace(traj, termination_reason=ROLLOUT_STOPPED)
+    if cfg.use_judge:  # a judge that fails aborts the episode: an infrastructure failure, as the guard counts it
         traj = await judge_trajectory(traj, str(task.user_scenario), _judge(cfg))
-    return fill_sample(sample, traj, cfg, tokenizer)
+    if not evaluation and traj.termination_reason != ROLLOUT_STOPPED:
+        storm = guard.record(traj.status == ABORTED, traj.error)
+        if storm is not None:
+            logger.error("%s", storm)
+            raise storm
+    return fill_sample(sample, traj, cfg, tokenizer, top_p=sampling.return_top_p)
+
+
+def generate_rollout_fully_async(args, rollout_id: int, data_buffer, evaluation: bool = False):
+    """slime's fully asynchronous rollout (`--rollout-function-path` for scripts/train_grpo.sh's async mode), which
+    also stops on an abort storm: slime's worker logs and drops a group whose generate raised, so without this the
+    run would wait for groups that never come."""
+    slime = _slime()
+    if evaluation:
+        return slime.fully_async_rollout(args, rollout_id, data_buffer, evaluation=True)
+    guard = storm_guard(args, _config())
+    return slime.run(_until_storm(slime.fully_async_coroutine(args, rollout_id, data_buffer), guard))
+
+
+async def _until_storm(coro, guard: AbortStormGuard):
+    task = asyncio.ensure_future(coro)
+    while True:
+        done, _ = await asyncio.wait({task}, timeout=STORM_POLL_S)
+        if done:
+            return task.result()
+        if guard.tripped is not None:
+            task.cancel()
+            raise guard.tripped
 
 
 # -- reward post-processing and the curriculum ------------------------------------------------------------
@@ -176,13 +282,17 @@ def reward_post_process(args, samples) -> tuple[list[float], list[float]]:
     return raw, advantages
 
 
-def filter_zero_std_groups(args, samples, **kwargs) -> bool:
+def filter_zero_std_groups(args, samples, **kwargs):
     """slime's dynamic-sampling filter: keep a group only when its rewards differ (else GRPO has no signal).
 
-    slime then samples another group in its place and counts the drop in its own metrics; the curriculum's
-    zero-signal counter sees only groups that reach the post-process step.
+    A dropped group carries its reason (`zero_std`, or `all_aborted` when no sample is valid), which slime counts
+    in its rollout metrics (rollout/dynamic_filter/drop_<reason>), and TAU2_FILTER_KEEP_WHEN_INSUFFICIENT; slime
+    then samples another group in its place. The curriculum's zero-signal counter sees only groups that reach the
+    post-process step.
     """
     rewards = [float(s.reward or 0.0) for s in samples]
     valid = [s.status.name != "ABORTED" and not s.remove_sample for s in samples]
-    keep, _ = filter_equal_reward_groups(rewards, valid, len(samples))
-    return any(keep)
+    keep = any(filter_equal_reward_groups(rewards, valid, len(samples))[0])
+    reason = None if keep else ("zero_std" if any(valid) else "all_aborted")
+    return _slime().DynamicFilterOutput(keep=keep, reason=reason,
+                                        keep_when_insufficient=_config().filter_keep_when_insufficient)

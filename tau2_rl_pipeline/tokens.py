@@ -88,14 +88,35 @@ class ObservationTemplate:
         return self.tokenizer.encode(text, add_special_tokens=False)
 
 
+@dataclass(frozen=True)
+class TopPSpans:
+    """The ids each sampled token's top-p nucleus kept: token i kept `ids[offsets[i]:offsets[i + 1]]`
+    (slime's layout for `rollout_top_p_token_ids` / `rollout_top_p_token_offsets`)."""
+
+    ids: list[int]
+    offsets: list[int]
+
+    def __post_init__(self) -> None:
+        if not self.offsets or self.offsets[0] != 0 or self.offsets[-1] != len(self.ids):
+            raise ValueError(f"top-p offsets must run from 0 to len(ids)={len(self.ids)}, got "
+                             f"{self.offsets[:1]}..{self.offsets[-1:]}")
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+
 @dataclass
 class TokenBuffer:
-    """Prompt ids, then response ids with a loss mask and rollout log-probs kept in step."""
+    """Prompt ids, then response ids with a loss mask and rollout log-probs kept in step; and, when the engine
+    returns them, the top-p nucleus of every response token (policy tokens: what they were sampled among;
+    observation tokens: empty spans, as slime's `Sample.append_response_tokens` pads them)."""
 
     prompt_ids: list[int]
     response_ids: list[int] = field(default_factory=list)
     loss_mask: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    top_p_ids: list[int] | None = None
+    top_p_offsets: list[int] | None = None
 
     def __len__(self) -> int:
         return len(self.prompt_ids) + len(self.response_ids)
@@ -103,17 +124,38 @@ class TokenBuffer:
     def all_ids(self) -> list[int]:
         return self.prompt_ids + self.response_ids
 
-    def add_policy(self, ids: list[int], logprobs: list[float]) -> None:
+    def add_policy(self, ids: list[int], logprobs: list[float], top_p: TopPSpans | None = None) -> None:
         if len(ids) != len(logprobs):
             raise ValueError(f"{len(ids)} sampled ids but {len(logprobs)} log-probs")
+        if ids:
+            self._add_top_p(ids, top_p)
         self.response_ids.extend(ids)
         self.loss_mask.extend([1] * len(ids))
         self.logprobs.extend(float(x) for x in logprobs)
 
     def add_observation(self, ids: list[int]) -> None:
+        if self.top_p_offsets is not None:
+            self.top_p_offsets.extend([self.top_p_offsets[-1]] * len(ids))
         self.response_ids.extend(ids)
         self.loss_mask.extend([0] * len(ids))
         self.logprobs.extend([0.0] * len(ids))
+
+    def _add_top_p(self, ids: list[int], top_p: TopPSpans | None) -> None:
+        """Top-p spans are kept for every policy turn or for none: a book with holes would train on a nucleus
+        the token was not sampled from."""
+        if top_p is None:
+            if self.top_p_offsets is not None:
+                raise ValueError("a policy turn came without top-p spans after turns that had them")
+            return
+        if len(top_p) != len(ids):
+            raise ValueError(f"top-p spans for {len(top_p)} tokens, {len(ids)} sampled")
+        if self.top_p_offsets is None:
+            if self.response_ids:
+                raise ValueError("top-p spans began after the first policy turn")
+            self.top_p_ids, self.top_p_offsets = [], [0]
+        base = self.top_p_offsets[-1]
+        self.top_p_ids.extend(top_p.ids)
+        self.top_p_offsets.extend(base + o for o in top_p.offsets[1:])
 
     def policy_ids(self) -> list[int]:
         return [t for t, m in zip(self.response_ids, self.loss_mask) if m]

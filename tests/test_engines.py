@@ -7,10 +7,12 @@ tokenizer, an aiohttp server on 127.0.0.1, httpx and litellm clients.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import math
 import random
 import socket
+import time
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +31,7 @@ from tau2_rl_pipeline.engines import (
     backoff_delay,
     parse_generate_response,
     sampling_logprobs,
+    sglang_generate_body,
 )
 from tau2_rl_pipeline.loopback_server import Fault, LoopbackServer, parse_qwen3_tool_calls, truncate_scripted
 from tau2_rl_pipeline.tiny_model import (
@@ -323,7 +326,9 @@ def test_sglang_engine_returns_what_the_model_sampled(loopback: LoopbackServer, 
                                                       small_tokenizer: Any) -> None:
     prompt, sampling = chat_prompt(small_tokenizer), SamplingParams(max_new_tokens=8, seed=21)
     over_http = generate_once(fast_engine(loopback.base_url), prompt, sampling)
-    assert over_http == asyncio.run(tiny_engine.generate(prompt, sampling))  # ids and log-probs, bit for bit
+    in_process = asyncio.run(tiny_engine.generate(prompt, sampling))
+    assert dataclasses.replace(over_http, meta={}) == in_process  # ids and log-probs, bit for bit
+    assert over_http.meta == {"prompt_tokens": len(prompt), "cached_tokens": 0, "weight_version": "default"}
     assert loopback.count("/generate") == 1
 
 
@@ -574,3 +579,73 @@ def test_domain_corpus_holds_policy_tools_scenarios_and_db() -> None:
     assert any("Important Meeting" in text for text in corpus)  # a user scenario
     assert any('"name": "create_task", "arguments"' in text for text in corpus)  # a gold tool call
     assert corpus[-1] == env.tools.db.model_dump_json()
+
+
+def test_router_addresses_are_bracketed_once_as_slime_stores_them() -> None:
+    assert SGLangEngine.from_router("[::1]", 30000).url == "http://[::1]:30000/generate"  # slime's _wrap_ipv6 form
+    assert SGLangEngine.from_router("fe80::2", 1).url == "http://[fe80::2]:1/generate"
+    assert SGLangEngine.from_router("10.0.0.5", 1).url == "http://10.0.0.5:1/generate"
+
+
+def test_top_p_replay_is_asked_for_and_read_as_lists_or_base64() -> None:
+    import array
+    import base64
+
+    body = json.loads(sglang_generate_body([1, 2], SamplingParams(top_p=0.9, return_top_p=True)))
+    assert body["sampling_params"]["custom_params"] == {"return_top_p_token_ids": True}
+    assert "custom_params" not in json.loads(sglang_generate_body([1], SamplingParams()))["sampling_params"]
+    meta = {"finish_reason": {"type": "stop"}, "output_token_logprobs": [[-0.1, 7, None], [-0.2, 8, None]],
+            "top_p_token_ids": [7, 3, 8], "top_p_token_offsets": [0, 2, 3], "cached_tokens": 1, "id": "x"}
+    result = parse_generate_response({"text": "", "meta_info": meta})
+    assert (result.top_p.ids, result.top_p.offsets) == ([7, 3, 8], [0, 2, 3])
+    assert result.meta == {"cached_tokens": 1}  # only what slime reads
+    packed = {k: base64.b64encode(array.array("i", meta[k]).tobytes()).decode() for k in
+              ("top_p_token_ids", "top_p_token_offsets")}
+    assert parse_generate_response({"meta_info": {**meta, **packed}}).top_p == result.top_p
+    with pytest.raises(ValueError, match="describe 1 tokens"):
+        parse_generate_response({"meta_info": {**meta, "top_p_token_offsets": [0, 3], "top_p_token_ids": [1, 2, 3]}})
+    with pytest.raises(ValueError, match="not both"):
+        parse_generate_response({"meta_info": {**meta, "top_p_token_offsets": None}})
+
+
+def test_loopback_top_p_nucleus_holds_each_sampled_token(loopback: LoopbackServer, small_tokenizer: Any) -> None:
+    prompt = small_tokenizer.encode("hello there", add_special_tokens=False)
+    sampling = SamplingParams(temperature=1.0, top_p=0.5, max_new_tokens=6, seed=3, return_top_p=True)
+
+    async def go() -> GenerateResult:
+        engine = SGLangEngine(loopback.base_url)
+        try:
+            return await engine.generate(prompt, sampling)
+        finally:
+            await engine.aclose()
+
+    result = asyncio.run(go())
+    spans = result.top_p
+    assert len(spans) == len(result.output_ids)
+    for i, token in enumerate(result.output_ids):
+        kept = spans.ids[spans.offsets[i]:spans.offsets[i + 1]]
+        assert token in kept and 0 < len(kept) < loopback.engine.vocab_size  # the nucleus, not the vocabulary
+
+
+def test_loopback_abort_request_ends_generations_in_flight(loopback: LoopbackServer) -> None:
+    loopback.latency_s = 5.0
+
+    async def go() -> tuple[GenerateResult, float]:
+        engine = SGLangEngine(loopback.base_url)
+        try:
+            started = time.monotonic()
+            pending = asyncio.ensure_future(engine.generate([1, 2, 3], SamplingParams(max_new_tokens=2)))
+            while not loopback.max_generating:
+                await asyncio.sleep(0.01)
+            async with aiohttp.ClientSession() as http:
+                await http.post(loopback.base_url + "/abort_request", json={"abort_all": True})
+                async with http.get(loopback.base_url + "/v1/loads") as r:
+                    assert (await r.json())["loads"][0]["num_running_reqs"] == 0
+                async with http.get(loopback.base_url + "/workers") as r:
+                    assert (await r.json())["workers"][0]["url"] == loopback.base_url
+            return await pending, time.monotonic() - started
+        finally:
+            await engine.aclose()
+
+    result, took = asyncio.run(go())
+    assert result.finish_reason == "abort" and result.output_ids == [] and took < 4.0

@@ -7,7 +7,6 @@ import asyncio
 import dataclasses
 
 import pytest
-from slime_sample import Sample
 from tau2.data_model.message import AssistantMessage, ToolCall, ToolMessage, UserMessage
 from tau2.data_model.simulation import RewardInfo
 
@@ -21,6 +20,7 @@ from tau2_rl_pipeline.judge import (
     parse_score,
     render_conversation,
 )
+from tau2_rl_pipeline.local_pipeline import LocalSample as Sample
 from tau2_rl_pipeline.local_pipeline import _grpo_rollouts
 from tau2_rl_pipeline.loopback_server import Fault, LoopbackServer
 from tau2_rl_pipeline.rollout import ABORTED, COMPLETED, Trajectory

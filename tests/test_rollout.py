@@ -298,3 +298,38 @@ def test_checkpoint_lets_the_loop_poll_timers_between_slices_of_episode_work(pac
         assert chunks_before_the_timer <= 8  # about a slice of work (two chunks), then the timer
     else:
         assert chunks_before_the_timer >= 50  # every episode's first stretch held the loop first
+
+
+def test_a_top_p_episode_books_a_nucleus_per_policy_token_and_none_per_observation(loopback, small_tokenizer):
+    task = get_task("mock", "create_task_1")
+    (action,) = gold_actions(task)
+    first = _canonical(small_tokenizer, render_assistant_text("", [(action.name, action.arguments)]))
+    loopback.responder = lambda path, ids: first if loopback.count("/generate") == 1 else None  # then: sampled
+    traj = _loopback_run(loopback, small_tokenizer, task, top_p=0.8, return_top_p=True, max_new_tokens=len(first) + 4)
+    assert traj.turns == 2 and len(traj.top_p) == traj.response_length
+    spans = [traj.top_p.ids[a:b] for a, b in zip(traj.top_p.offsets, traj.top_p.offsets[1:])]
+    sampled = [i for i, m in enumerate(traj.loss_mask) if m and i >= len(first)]
+    assert all(kept == [] for kept, m in zip(spans, traj.loss_mask) if not m)  # observations: no nucleus
+    assert all(spans[i] for i in range(len(first)))  # the scripted turn: its nucleus at each position
+    assert all(traj.response_ids[i] in spans[i] for i in sampled)  # sampled tokens: drawn from their nucleus
+    assert [m["weight_version"] for m in traj.turn_meta] == ["default", "default"]
+    assert traj.turn_meta[1]["cached_tokens"] >= len(traj.prompt_ids)  # the second turn reuses the first prompt
+    assert _loopback_run(loopback, small_tokenizer, task).top_p is None  # not asked for: not kept
+
+
+def test_stop_requested_ends_the_episode_before_its_next_turn(loopback, small_tokenizer):
+    task = get_task("mock", "create_task_1")
+    (action,) = gold_actions(task)
+    loopback.script(_canonical(small_tokenizer, render_assistant_text("", [(action.name, action.arguments)])))
+    engine = SGLangEngine(loopback.base_url)
+    asked = []
+
+    def stop() -> bool:
+        asked.append(1)
+        return len(asked) > 1  # the rollout is stopped after the first turn
+
+    traj = asyncio.run(run_episode("mock", task, engine, small_tokenizer, ScriptedUser(task),
+                                   SamplingParams(max_new_tokens=64, stop_token_ids=(small_tokenizer.eos_token_id,)),
+                                   CFG, stop_requested=stop))
+    assert traj.status == ABORTED and traj.termination_reason == "rollout_stopped" and traj.turns == 1
+    assert traj.reward_info is None and loopback.count("/generate") == 1

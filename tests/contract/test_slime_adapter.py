@@ -1,82 +1,44 @@
-"""The slime adapter against slime's documented contracts, with a loopback SGLang look-alike as router and as the
-user simulator's OpenAI-compatible server (reached through litellm, as at scale)."""
+"""The slime adapter's pieces on slime's real `Sample` (slime/utils/types.py at 624b824): what fill_sample writes,
+the reward post-process and the curriculum, the dynamic filter, sampling params. The adapter driven by slime's own
+rollout code is in test_slime_rollout.py."""
 
 import argparse
-import asyncio
 import dataclasses
-import gc
 import json
 
 import pytest
+import contract_tier  # noqa: F401  (slime on sys.path)
+from slime.rollout.filter_hub.base_types import DynamicFilterOutput
+from slime.utils.types import Sample
 from tau2.data_model.simulation import RewardInfo
 
-from slime_sample import SLIME_SAMPLE_FIELDS, Sample, check_like_slime
 from tau2_rl_pipeline import slime_adapter
-from tau2_rl_pipeline.actions import render_assistant_text
 from tau2_rl_pipeline.config import Tau2Config
-from tau2_rl_pipeline.oracle import gold_actions, last_write_index, replay_gold_actions
+from tau2_rl_pipeline.oracle import last_write_index, replay_gold_actions
 from tau2_rl_pipeline.rollout import ABORTED, COMPLETED, TRUNCATED, Trajectory
-from tau2_rl_pipeline.tasks import get_task, load_tasks
+from tau2_rl_pipeline.tasks import load_tasks
+from tau2_rl_pipeline.tokens import TopPSpans
 
 
-def test_stand_in_has_exactly_slimes_sample_fields():
-    assert [f.name for f in dataclasses.fields(Sample)] == SLIME_SAMPLE_FIELDS
-    assert [m.name for m in Sample.Status] == ["PENDING", "COMPLETED", "TRUNCATED", "ABORTED", "FAILED"]
+def check_like_slime(samples):
+    """slime's own checks of a returned sample's books (Sample._validate_response_metadata_lengths)."""
+    for s in samples:
+        assert isinstance(s.status, Sample.Status) and s.reward is not None
+        assert s.tokens and 0 < s.response_length < len(s.tokens)
+        s._validate_response_metadata_lengths()
 
 
 @pytest.fixture
-def env_for_adapter(monkeypatch, loopback, tmp_path):
-    monkeypatch.setenv("TAU2_USER_MODEL", "openai/tiny")
-    monkeypatch.setenv("TAU2_USER_API_BASE", loopback.base_url + "/v1")
-    monkeypatch.setenv("TAU2_MAX_TURNS", "2")
+def env_for_adapter(monkeypatch, tmp_path):
     monkeypatch.setenv("TAU2_CURRICULUM_STATE_PATH", str(tmp_path / "curriculum.json"))
-    for cached in (slime_adapter._config, slime_adapter._user_factory, slime_adapter._engine):
-        cached.cache_clear()
+    slime_adapter._config.cache_clear()
     yield
-    for cached in (slime_adapter._config, slime_adapter._user_factory, slime_adapter._engine):
-        cached.cache_clear()
+    slime_adapter._config.cache_clear()
     slime_adapter._trackers.clear()
-    gc.unfreeze()  # the adapter's first episode freezes the heap: give it back to the collector
 
 
-def _args(loopback, tiny_small_dir, **kw):
-    host, port = loopback.base_url.removeprefix("http://").split(":")
-    return argparse.Namespace(sglang_router_ip=host, sglang_router_port=int(port), hf_checkpoint=str(tiny_small_dir),
-                              sglang_server_concurrency=8, rollout_max_context_len=None, n_samples_per_prompt=2,
-                              grpo_std_normalization=True, save=None, **kw)
-
-
-def _sampling(tokenizer, max_new_tokens=16):
-    # what slime's sglang rollout builds from its --rollout-* flags
-    return {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "max_new_tokens": max_new_tokens, "stop": None,
-            "stop_token_ids": None, "skip_special_tokens": False, "no_stop_trim": True,
-            "spaces_between_special_tokens": False}
-
-
-def test_generate_runs_a_real_episode_with_an_llm_user_through_litellm(env_for_adapter, loopback, tiny_small_dir,
-                                                                       small_tokenizer):
-    task = get_task("mock", "create_task_1")
-    (action,) = gold_actions(task)
-    eos = small_tokenizer.eos_token
-    loopback.script(small_tokenizer.encode(render_assistant_text("", [(action.name, action.arguments)]) + eos,
-                                           add_special_tokens=False))
-    sample = Sample(prompt="tau2 mock task create_task_1", index=0,
-                    metadata={"domain": "mock", "split": "base", "task_id": "create_task_1", "task_index": 0})
-    gc.unfreeze()
-    out = asyncio.run(slime_adapter.generate(_args(loopback, tiny_small_dir), sample, _sampling(small_tokenizer),
-                                             evaluation=False))
-    assert gc.get_freeze_count() > 0  # what was loaded before the first episode is out of the GC's full passes
-    check_like_slime([out])
-    assert out.status in (Sample.Status.COMPLETED, Sample.Status.TRUNCATED)
-    assert out.metadata["task_id"] == "create_task_1" and out.metadata["turns"] >= 1
-    chat_calls = [body for path, body in loopback.requests if path == "/v1/chat/completions"]
-    assert chat_calls, "the user simulator never reached the loopback server"
-    assert chat_calls[0]["model"] == "tiny"  # litellm's openai/ route strips the provider prefix
-    assert any(m["role"] == "system" for m in chat_calls[0]["messages"])  # tau2's user-simulator prompt
-    generate_calls = [body for path, body in loopback.requests if path == "/generate"]
-    assert generate_calls[0]["input_ids"] == out.tokens[: len(generate_calls[0]["input_ids"])]
-    assert small_tokenizer.eos_token_id in generate_calls[0]["sampling_params"]["stop_token_ids"]
-    json.dumps(out.metadata)  # metadata must be serializable (slime logs and ships it)
+def _args(**kw):
+    return argparse.Namespace(n_samples_per_prompt=2, grpo_std_normalization=True, save=None, **kw)
 
 
 def _trajectory(status, reward_info=None, reward=0.0, domain="airline", task_id="0", response=(5, 6, 7)):
@@ -134,14 +96,13 @@ def test_format_penalty_lowers_the_reward_and_is_recorded_beside_the_partial_sco
     assert sample.metadata["raw_reward"] == 1.0  # success stays tau2's rule on the task reward
 
 
-def test_reward_post_process_normalizes_groups_and_persists_the_curriculum(env_for_adapter, loopback,
-                                                                          tiny_small_dir, tmp_path):
+def test_reward_post_process_normalizes_groups_and_persists_the_curriculum(env_for_adapter, tmp_path):
     def sample(task_id, reward, status=Sample.Status.COMPLETED):
         return Sample(reward=reward, status=status,
                       metadata={"domain": "airline", "task_id": task_id, "raw_reward": reward})
 
     samples = [sample("a", 1.0), sample("a", 0.0), sample("b", 0.0), sample("b", 0.0, Sample.Status.ABORTED)]
-    raw, adv = slime_adapter.reward_post_process(_args(loopback, tiny_small_dir), samples)
+    raw, adv = slime_adapter.reward_post_process(_args(), samples)
     assert raw == [1.0, 0.0, 0.0, 0.0]
     assert adv[0] > 0 > adv[1] and adv[0] == pytest.approx(-adv[1])
     assert adv[2] == 0.0 and adv[3] == 0.0
@@ -149,17 +110,22 @@ def test_reward_post_process_normalizes_groups_and_persists_the_curriculum(env_f
     assert {k: v["attempts"] for k, v in state["tasks"].items()} == {"airline/a": 2, "airline/b": 1}
     # a second process (a resumed run) continues the counts from the file
     slime_adapter._trackers.clear()
-    slime_adapter.reward_post_process(_args(loopback, tiny_small_dir), [sample("a", 1.0), sample("a", 1.0)])
+    slime_adapter.reward_post_process(_args(), [sample("a", 1.0), sample("a", 1.0)])
     assert json.loads((tmp_path / "curriculum.json").read_text())["tasks"]["airline/a"]["attempts"] == 4
 
 
-def test_dynamic_filter_drops_groups_without_signal():
+def test_dynamic_filter_drops_groups_without_signal_with_a_reason(env_for_adapter, monkeypatch):
     def s(r, status=Sample.Status.COMPLETED):
         return Sample(reward=r, status=status)
 
-    assert slime_adapter.filter_zero_std_groups(None, [s(1.0), s(0.0)])
-    assert not slime_adapter.filter_zero_std_groups(None, [s(0.0), s(0.0)])
-    assert not slime_adapter.filter_zero_std_groups(None, [s(0.0), s(1.0, Sample.Status.ABORTED)])
+    assert slime_adapter.filter_zero_std_groups(None, [s(1.0), s(0.0)]) == DynamicFilterOutput(keep=True)
+    assert slime_adapter.filter_zero_std_groups(None, [s(0.0), s(0.0)]) == DynamicFilterOutput(False, "zero_std")
+    assert slime_adapter.filter_zero_std_groups(
+        None, [s(0.0, Sample.Status.ABORTED), s(1.0, Sample.Status.ABORTED)]) == DynamicFilterOutput(False,
+                                                                                                   "all_aborted")
+    monkeypatch.setenv("TAU2_FILTER_KEEP_WHEN_INSUFFICIENT", "1")
+    slime_adapter._config.cache_clear()
+    assert slime_adapter.filter_zero_std_groups(None, [s(0.0), s(0.0)]).keep_when_insufficient
 
 
 def test_sampling_params_from_slime_always_stop_at_end_of_turn(small_tokenizer):
@@ -167,3 +133,27 @@ def test_sampling_params_from_slime_always_stop_at_end_of_turn(small_tokenizer):
                                                 "stop_token_ids": [3], "sampling_seed": 11}, small_tokenizer)
     assert params.temperature == 0.7 and params.top_k == 20 and params.seed == 11
     assert set(params.stop_token_ids) == {3, small_tokenizer.eos_token_id}
+    assert not params.return_top_p
+    asked = slime_adapter.sampling_from_slime({"top_p": 0.9, "custom_params": {"return_top_p_token_ids": True}},
+                                              small_tokenizer)  # what slime sends for --rollout-top-p 0.9
+    assert asked.return_top_p
+
+
+def test_fill_sample_writes_top_p_replay_and_what_sglang_reported(small_tokenizer):
+    traj = dataclasses.replace(_trajectory(COMPLETED, reward=1.0), top_p=TopPSpans([5, 9, 6, 7], [0, 2, 3, 4]),
+                               turn_meta=[{"prompt_tokens": 3, "cached_tokens": 1, "weight_version": "7"}])
+    sample = Sample(metadata={"start_rollout_id": 3}, weight_versions=["stale"])
+    slime_adapter.fill_sample(sample, traj, Tau2Config.from_env({}), small_tokenizer, top_p=True)
+    check_like_slime([sample])
+    assert sample.rollout_top_p_token_offsets == [0, 2, 3, 4] and sample.weight_versions == ["7"]
+    assert (sample.prefix_cache_info.cached_tokens, sample.prefix_cache_info.total_prompt_tokens) == (1, 3)
+    assert "start_rollout_id" not in sample.metadata  # a fresh episode: nothing of the earlier attempt is kept
+
+
+def test_fill_sample_refuses_top_p_the_server_did_not_return(small_tokenizer):
+    with pytest.raises(slime_adapter.TopPUnavailable, match="--rollout-top-p 1.0"):
+        slime_adapter.fill_sample(Sample(), _trajectory(COMPLETED), Tau2Config.from_env({}), small_tokenizer,
+                                  top_p=True)
+    aborted = slime_adapter.fill_sample(Sample(prompt="x"), _trajectory(ABORTED, response=()),
+                                        Tau2Config.from_env({}), small_tokenizer, top_p=True)
+    check_like_slime([aborted])  # nothing sampled: empty spans, still trainable (masked)

@@ -1,0 +1,110 @@
+"""Running slime's own rollout code (slime 624b824) against this project's plug-ins and the loopback server.
+
+`slime_args(...)` is slime's real argument parser over a train.py command line; `rollout(...)` is one call of
+slime's real rollout function with its real data source; `train_data(...)` is slime's RolloutManager turning the
+samples into train data (its real method, called on an instance made without Ray). Each test starts from fresh
+slime and adapter state (slime keeps process-wide singletons: GenerateState, its HTTP client).
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import contract_tier  # noqa: F401  (slime, Megatron-LM and the SGLang double on sys.path)
+
+GENERATE = "tau2_rl_pipeline.slime_adapter.generate"
+POST_PROCESS = "tau2_rl_pipeline.slime_adapter.reward_post_process"
+FILTER = "tau2_rl_pipeline.slime_adapter.filter_zero_std_groups"
+
+
+@functools.lru_cache(maxsize=None)
+def _parse(argv: tuple[str, ...]):
+    from slime.utils.arguments import parse_args
+
+    saved = sys.argv
+    sys.argv = list(argv)
+    try:
+        return parse_args()
+    finally:
+        sys.argv = saved
+
+
+def slime_args(model_dir: Path, prompt_data: Path, router: str, *, batch: int = 2, n: int = 2,
+               extra: tuple[str, ...] = ()) -> Any:
+    """slime's parsed arguments for a GRPO rollout against `router` (host:port, host as slime stores it)."""
+    host, port = router.rsplit(":", 1)
+    argv = ("train.py", "--debug-rollout-only", "--actor-num-nodes", "1", "--actor-num-gpus-per-node", "1",
+            "--colocate", "--rollout-num-gpus-per-engine", "1",
+            "--hf-checkpoint", str(model_dir), "--prompt-data", str(prompt_data),
+            "--input-key", "input", "--metadata-key", "metadata",
+            "--rollout-batch-size", str(batch), "--n-samples-per-prompt", str(n), "--global-batch-size",
+            str(batch * n), "--num-rollout", "1", "--rollout-temperature", "1.0", "--rollout-max-response-len", "48",
+            "--advantage-estimator", "grpo", "--sglang-router-ip", host, "--sglang-router-port", port,
+            "--custom-generate-function-path", GENERATE, "--custom-reward-post-process-path", POST_PROCESS,
+            *extra)
+    return copy.deepcopy(_parse(argv))
+
+
+def prompt_rows(path: Path, task_ids: list[str], domain: str = "mock", split: str = "base") -> Path:
+    from tau2_rl_pipeline.tasks import task_rows
+
+    rows = [r for r in task_rows(domain, split) if r["metadata"]["task_id"] in task_ids]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def reset_slime() -> None:
+    """Fresh process-wide state of slime and of the adapter; slime's fully-async worker is stopped and waited for."""
+    from slime.rollout import fully_async_rollout, sglang_rollout
+    from slime.utils import http_utils
+
+    from tau2_rl_pipeline import slime_adapter
+
+    worker = fully_async_rollout._global_worker
+    fully_async_rollout._stop_global_worker()
+    if worker is not None and worker.worker_thread is not None:
+        worker.worker_thread.join(60)
+    sglang_rollout.GenerateState.clear_instances()
+    http_utils._http_client = None
+    for cached in (slime_adapter._config, slime_adapter._user_factory, slime_adapter._engine,
+                   slime_adapter._storm_guard):
+        cached.cache_clear()
+    slime_adapter._trackers.clear()
+
+
+def rollout(args, rollout_id: int = 0, data_source=None):
+    """slime's generate_rollout (or the function --rollout-function-path names) over its real data source."""
+    from slime.rollout.data_source import RolloutDataSourceWithBuffer
+    from slime.utils.http_utils import init_http_client
+    from slime.utils.misc import load_function
+
+    init_http_client(args)  # RolloutManager.__init__ does this before any rollout
+    data_source = data_source or RolloutDataSourceWithBuffer(args)
+    fn = load_function(args.rollout_function_path)
+    return fn(args, rollout_id, data_source), data_source
+
+
+def flat(groups) -> list:
+    out = []
+    for g in groups:
+        out.extend(g if isinstance(g, list) else [g])
+    return out
+
+
+def train_data(args, samples: list) -> dict:
+    """slime's RolloutManager._convert_samples_to_train_data (reward post-process and every check it makes)."""
+    from slime.ray.rollout import RolloutManager
+    from slime.utils.misc import load_function
+
+    cls = RolloutManager.__ray_metadata__.modified_class
+    manager = cls.__new__(cls)
+    manager.args = args
+    manager.custom_reward_post_process_func = (load_function(args.custom_reward_post_process_path)
+                                               if args.custom_reward_post_process_path else None)
+    manager.custom_convert_samples_to_train_data_func = None
+    return manager._convert_samples_to_train_data(samples)
