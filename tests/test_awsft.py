@@ -17,6 +17,7 @@ from tau2_rl_pipeline.losses import (
 )
 from tau2_rl_pipeline.trainer import LocalTrainer, TrainConfig, TrainExample
 
+
 def formula_weight(a: float) -> float:
     """The issue's definition, written out in plain Python."""
     return min(max(min(max(a, -3.0), 3.0) + 1.0, 0.1), 5.0)
