@@ -5,7 +5,7 @@
 #   docker run --gpus all --ipc=host --shm-size=16g --env-file configs/.env -it tau2-rl-pipeline
 #
 # Base image pinned by tag, not `latest`: nightly-dev-20260810a is docker/version.txt at slime commit 624b824 (the
-# commit configs/slime_flags.txt was read from), and -cu129 is that release's primary CUDA 12 (Hopper) build
+# commit the contract tier, tests/contract, runs), and -cu129 is that release's primary CUDA 12 (Hopper) build
 # (docker/justfile, release-primary): SGLang v0.5.15.post1 and Megatron-LM 1dcf0daf, per slime's docker/README.md.
 # No digest: it could not be resolved where this file was written (no registry access). Once pulled, pin it with
 # `docker buildx imagetools inspect slimerl/slime:nightly-dev-20260810a-cu129` -> SLIME_IMAGE=slimerl/slime@sha256:...

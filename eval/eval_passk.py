@@ -38,7 +38,7 @@ from eval.backends import SetupError
 from eval.episodes_file import EpisodesFile, EpisodesFileError, Key, atomic_write_text, pick_records, secret_values
 from eval.runner import run_episodes, run_episodes_on_sglang
 from eval.shards import ShardError, run_sharded
-from tau2_rl_pipeline.config import ConfigError, Tau2Config, add_config_args, config_from_args
+from tau2_rl_pipeline.config import ConfigError, Tau2Config, add_config_args, command_parser, config_from_args
 from tau2_rl_pipeline.engines import SamplingParams
 from tau2_rl_pipeline.tasks import TaskLookupError, check_split, load_tasks
 from tau2_rl_pipeline.users import USER_KINDS, UserConfigError, llm_user_args, make_user_factory
@@ -50,8 +50,11 @@ BOOTSTRAP_SEED = 0  # fixed, so the same episodes always give the same CIs (a re
 # Command line
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m eval.eval_passk", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = command_parser(
+        "tau2-rl-eval", __doc__.split("\n\n")[0],
+        epilog="Writes --output (summary JSON), <output>.episodes.jsonl (a rerun resumes it), tau2 results files "
+               "and a PNG chart. On this machine, a demo checkpoint: tau2-rl-eval --backend local --model "
+               "outputs/demo/sft --user scripted --domains mock --task-split base")
     g = p.add_argument_group("policy")
     g.add_argument("--backend", choices=("sglang", "local"), default="sglang",
                    help="sglang = an SGLang server (--sglang-url); local = the in-process engine on --model")

@@ -1,9 +1,10 @@
 """What a Pass@K run shows a person: the metric and failure tables on the terminal, and the PNG chart.
 
 Every printed number carries its 95% CI, and every column the task and episode counts behind it; the chart
-draws the same numbers with CI error bars. Re-render a chart from a saved summary (scripts/refresh_public_chart.sh):
+draws the same numbers with CI error bars. Re-render a chart from a saved summary (a reference run's for public/:
+tau2-rl-pictures --reference SUMMARY):
 
-    python -m eval.report --summary outputs/eval/run.json --chart public/passk_reference.png
+    python -m eval.report --summary outputs/eval/run.json --chart outputs/eval/run.png
 """
 
 from __future__ import annotations

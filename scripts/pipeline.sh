@@ -4,6 +4,7 @@
 #
 #   bash scripts/pipeline.sh                  # everything, on the layout TAU2_GPU_LAYOUT (8, 4 or 2 GPUs)
 #   DRY_RUN=1 bash scripts/pipeline.sh        # the plan: stage headers and every stage's commands
+# (public/pipeline.png is drawn from that plan: python -m tau2_rl_pipeline.pictures)
 #
 #   stage      script                          output (skip marker)
 #   download   download.sh                     ${BASE_HF_DIR}/config.json and ${SEED_DATA}
@@ -167,7 +168,7 @@ for i in "${!STAGES[@]}"; do
     printf '==> stage %d/%d %s: skipped, output exists: %s\n' "$((i + 1))" "${total}" "${stage}" "${outputs[*]}"
     continue
   fi
-  printf '==> stage %d/%d %s: running\n' "$((i + 1))" "${total}" "${stage}"
+  printf '==> stage %d/%d %s: running, output: %s\n' "$((i + 1))" "${total}" "${stage}" "${outputs[*]}"
   run_stage "${stage}"
   is_dry && continue
   for output in "${outputs[@]}"; do

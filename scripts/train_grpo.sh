@@ -3,8 +3,22 @@
 # colocated on the policy GPUs). Needs the user simulator (scripts/start_user_sim.sh) on the other GPUs.
 #
 #   bash scripts/train_grpo.sh                # ${RFT_CKPT_DIR} -> ${GRPO_CKPT_DIR}
+#   GRPO_ASYNC=1 bash scripts/train_grpo.sh   # asynchronous GRPO (below)
 #   DRY_RUN=1 bash scripts/train_grpo.sh      # print the commands instead
 #
+# GRPO_ASYNC=1 runs slime's train_async.py instead: rollout for step n+1 runs while step n trains, on separate GPUs
+# (train_async.py refuses --colocate), so the policy GPUs are split: GRPO_ASYNC_ROLLOUT_GPUS (default half of them)
+# serve SGLang engines, the rest train (TRAIN_TP capped at their number). Needs at least 2 policy GPUs (layouts 8, 4).
+#   GRPO_ASYNC_ROLLOUT_FUNCTION  tau2_rl_pipeline.slime_adapter.generate_rollout_fully_async: slime's fully async
+#                                rollout (a pool of episodes in flight across rollout boundaries; it calls our
+#                                custom generate through slime's generate_and_rm_group), stopped by an abort storm
+#                                (slime's worker alone would drop failing groups and wait for ever)
+#   GRPO_PARTIAL_ROLLOUT=1       --partial-rollout --mask-offpolicy-in-partial-rollout: episodes cut by slime's
+#                                abort at a weight update go back to slime's buffer instead of being lost, and no
+#                                token sampled by older weights is trained (slime masks a returned sample's old
+#                                response; our generate plays a returned episode again from its start)
+#   GRPO_USE_TIS=1               --use-tis: truncated importance sampling with the rollout log-probs our generate
+#                                keeps, correcting for samples drawn by a policy one step behind
 # Starts from GRPO_INIT_DIR's weights at rollout 0 without its optimizer state, with the same checkpoint as the KL
 # reference; resumes if GRPO_CKPT_DIR already holds a checkpoint. Every default below is overridable.
 set -euo pipefail
@@ -36,6 +50,11 @@ GRPO_SGLANG_MEM_FRACTION="${GRPO_SGLANG_MEM_FRACTION:-0.7}"
 GRPO_ALGORITHM="${GRPO_ALGORITHM:-grpo}"
 # true: drop groups whose samples all got the same reward (no GRPO signal) and sample more (a Tau2Config field).
 FILTER_ZERO_STD="$(bool_setting TAU2_FILTER_ZERO_STD "${TAU2_FILTER_ZERO_STD:-0}")"
+GRPO_ASYNC="$(bool_setting GRPO_ASYNC "${GRPO_ASYNC:-0}")"
+GRPO_ASYNC_ROLLOUT_FUNCTION="${GRPO_ASYNC_ROLLOUT_FUNCTION:-tau2_rl_pipeline.slime_adapter.generate_rollout_fully_async}"
+GRPO_ASYNC_ROLLOUT_GPUS="${GRPO_ASYNC_ROLLOUT_GPUS:-$((NUM_POLICY_GPUS / 2))}"
+GRPO_PARTIAL_ROLLOUT="$(bool_setting GRPO_PARTIAL_ROLLOUT "${GRPO_PARTIAL_ROLLOUT:-1}")"
+GRPO_USE_TIS="$(bool_setting GRPO_USE_TIS "${GRPO_USE_TIS:-1}")"
 
 for name in GRPO_NUM_ROLLOUT GRPO_ROLLOUT_BATCH_SIZE GRPO_N_SAMPLES GRPO_GLOBAL_BATCH_SIZE GRPO_MAX_RESPONSE_LEN \
   GRPO_SAVE_INTERVAL GRPO_MAX_TOKENS_PER_GPU; do
@@ -50,7 +69,20 @@ require_choice GRPO_ALGORITHM "${GRPO_ALGORITHM}" grpo awsft
 SAMPLES=$((GRPO_ROLLOUT_BATCH_SIZE * GRPO_N_SAMPLES))
 ((SAMPLES % GRPO_GLOBAL_BATCH_SIZE == 0)) ||
   die "GRPO_GLOBAL_BATCH_SIZE=${GRPO_GLOBAL_BATCH_SIZE} must divide the ${SAMPLES} samples of a rollout"
-DP=$((NUM_POLICY_GPUS / TRAIN_TP))
+ACTOR_GPUS="${NUM_POLICY_GPUS}"
+if [[ "${GRPO_ASYNC}" == 1 ]]; then
+  ((NUM_POLICY_GPUS >= 2)) || die "GRPO_ASYNC=1 trains and rolls out on separate GPUs: it needs at least 2 policy GPUs, POLICY_GPUS=${POLICY_GPUS} has ${NUM_POLICY_GPUS}"
+  if ! [[ "${GRPO_ASYNC_ROLLOUT_GPUS}" =~ ^[1-9][0-9]*$ ]] || ((GRPO_ASYNC_ROLLOUT_GPUS >= NUM_POLICY_GPUS)); then
+    die "GRPO_ASYNC_ROLLOUT_GPUS=${GRPO_ASYNC_ROLLOUT_GPUS} must be between 1 and $((NUM_POLICY_GPUS - 1)) (the ${NUM_POLICY_GPUS} policy GPUs less at least one for training)"
+  fi
+  if [[ "${FILTER_ZERO_STD}" == 1 && "${GRPO_ASYNC_ROLLOUT_FUNCTION}" == *generate_rollout_fully_async ]]; then
+    die "TAU2_FILTER_ZERO_STD=1 has no effect with GRPO_ASYNC=1: slime's fully async rollout applies no dynamic-sampling filter"
+  fi
+  ACTOR_GPUS=$((NUM_POLICY_GPUS - GRPO_ASYNC_ROLLOUT_GPUS))
+  ((TRAIN_TP <= ACTOR_GPUS)) || TRAIN_TP="${ACTOR_GPUS}"
+  ((ACTOR_GPUS % TRAIN_TP == 0)) || die "TRAIN_TP=${TRAIN_TP} does not divide the ${ACTOR_GPUS} training GPUs of GRPO_ASYNC=1"
+fi
+DP=$((ACTOR_GPUS / TRAIN_TP))
 ((GRPO_GLOBAL_BATCH_SIZE % DP == 0)) ||
   die "GRPO_GLOBAL_BATCH_SIZE=${GRPO_GLOBAL_BATCH_SIZE} is not a multiple of the data-parallel size ${DP}"
 require_file "${GRPO_PROMPT_DATA}" "GRPO task index (python -m tau2_rl_pipeline.tasks)"
@@ -58,7 +90,11 @@ require_dir "${GRPO_INIT_DIR}" "initial torch_dist checkpoint (scripts/train_rft
 require_file "${BASE_HF_DIR}/config.json" "base model (scripts/download.sh)"
 require_dir "${SLIME_DIR}" "slime (SLIME_DIR)"
 require_user_sim
-note "layout ${TAU2_GPU_LAYOUT}: policy on GPUs ${POLICY_GPUS} (TP${TRAIN_TP} x DP${DP}), user simulator on ${USER_SIM_GPUS}"
+if [[ "${GRPO_ASYNC}" == 1 ]]; then
+  note "layout ${TAU2_GPU_LAYOUT}, asynchronous: policy on GPUs ${POLICY_GPUS}: ${ACTOR_GPUS} training (TP${TRAIN_TP} x DP${DP}), ${GRPO_ASYNC_ROLLOUT_GPUS} rollout; user simulator on ${USER_SIM_GPUS}"
+else
+  note "layout ${TAU2_GPU_LAYOUT}: policy on GPUs ${POLICY_GPUS} (TP${TRAIN_TP} x DP${DP}), user simulator on ${USER_SIM_GPUS}"
+fi
 
 # --hf-checkpoint gives SGLang its tokenizer and first weights; slime pushes the Megatron weights to the engines
 # before the first rollout, so the base model's directory serves every GRPO start point.
@@ -121,16 +157,30 @@ if [[ "${FILTER_ZERO_STD}" == 1 ]]; then
   CUSTOM_ARGS+=(--dynamic-sampling-filter-path tau2_rl_pipeline.slime_adapter.filter_zero_std_groups)
 fi
 
+# Synchronous: train.py, rollout engines colocated with training. Asynchronous: train_async.py on split GPUs.
+if [[ "${GRPO_ASYNC}" == 1 ]]; then
+  ENTRY=train_async.py
+  PLACEMENT_ARGS=(--actor-num-nodes 1 --actor-num-gpus-per-node "${ACTOR_GPUS}"
+    --rollout-num-gpus "${GRPO_ASYNC_ROLLOUT_GPUS}" --rollout-function-path "${GRPO_ASYNC_ROLLOUT_FUNCTION}")
+  if [[ "${GRPO_PARTIAL_ROLLOUT}" == 1 ]]; then
+    PLACEMENT_ARGS+=(--partial-rollout --mask-offpolicy-in-partial-rollout)
+  fi
+  if [[ "${GRPO_USE_TIS}" == 1 ]]; then
+    PLACEMENT_ARGS+=(--use-tis)
+  fi
+else
+  ENTRY=train.py
+  PLACEMENT_ARGS=(--actor-num-nodes 1 --actor-num-gpus-per-node "${NUM_POLICY_GPUS}" --colocate)
+fi
+
 mapfile -t PERF_ARGS < <(perf_flags "${GRPO_MAX_TOKENS_PER_GPU}")
 mapfile -t MISC_ARGS < <(misc_flags)
 mapfile -t WANDB_ARGS < <(wandb_flags "${GRPO_WANDB_GROUP}")
 mapfile -t EXTRA_ARGS < <(extra_flags)
 
 ray_start_head
-ray_submit train.py \
-  --actor-num-nodes 1 \
-  --actor-num-gpus-per-node "${NUM_POLICY_GPUS}" \
-  --colocate \
+ray_submit "${ENTRY}" \
+  "${PLACEMENT_ARGS[@]}" \
   "${MODEL_ARGS[@]}" \
   "${CKPT_ARGS[@]}" \
   "${ROLLOUT_ARGS[@]}" \

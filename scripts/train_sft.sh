@@ -6,7 +6,9 @@
 #
 # Rows are {"messages": [...], "tools": [...]}; slime's SFT rollout builds tokens and the loss mask from them with
 # the chat template itself (no --apply-chat-template: on slime main it turns the prompt into a string and drops the
-# tools). Starts from SFT_INIT_DIR's weights at step 0; resumes if SFT_SAVE_DIR already holds a checkpoint.
+# tools). The rollout function is slime's own, through tau2_rl_pipeline.slime_sft: it leaves the newline after each
+# <|im_end|> untrained, as the local trainer does (the policy never samples it; see that module's docstring).
+# Starts from SFT_INIT_DIR's weights at step 0; resumes if SFT_SAVE_DIR already holds a checkpoint.
 set -euo pipefail
 # shellcheck source-path=SCRIPTDIR source=common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
@@ -44,7 +46,7 @@ CKPT_ARGS=(
 )
 
 SFT_ARGS=(
-  --rollout-function-path slime.rollout.sft_rollout.generate_rollout
+  --rollout-function-path tau2_rl_pipeline.slime_sft.generate_rollout
   --prompt-data "${SFT_DATA}"
   --input-key messages
   --tool-key tools

@@ -9,11 +9,13 @@ environment by litellm / huggingface-hub when used.
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import difflib
 import math
 import os
 import sys
+import textwrap
 import typing
 from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
@@ -278,22 +280,73 @@ def _parse(name: str, raw: str, typ: Any) -> Any:
         raise ConfigError(f"{name}={raw!r} is not a valid {kind}") from None
 
 
+def config_help() -> str:
+    """Every config flag with its variable, default and meaning (what --help-config prints)."""
+    lines = ["tau2 config: each flag overrides its TAU2_* variable (configs/.env.template), which overrides the default"]
+    for f in fields(Tau2Config):
+        default = ",".join(map(str, f.default)) if isinstance(f.default, tuple) else f.default
+        flag = "--" + f.name.replace("_", "-")
+        if typing.get_type_hints(Tau2Config)[f.name] is bool:
+            flag = f"{flag} / --no-{f.name.replace('_', '-')}"
+        lines.append(f"  {flag}  ({env_var(f.name)}, default {default!r})")
+        lines += textwrap.wrap(f.metadata["doc"], 110, initial_indent="      ", subsequent_indent="      ")
+    return "\n".join(lines)
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """--help on one screen: the help text beside each flag, and no "(default: None)"."""
+
+    def __init__(self, prog: str, **kwargs: Any) -> None:
+        super().__init__(prog, max_help_position=36, **kwargs)
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default is None or action.default is False:
+            return action.help
+        return super()._get_help_string(action)
+
+    def _format_action(self, action: argparse.Action) -> str:
+        if action.help is None and action.option_strings and not any(
+                action.default is v for v in (None, False, argparse.SUPPRESS)):
+            action = copy.copy(action)  # a flag without help still shows its default
+            action.help = "default: %(default)s"
+        return super()._format_action(action)
+
+
+def command_parser(prog: str, description: str, epilog: str | None = None,
+                   formatter_class: type[argparse.HelpFormatter] = HelpFormatter) -> argparse.ArgumentParser:
+    """The parser of an installed command (pyproject's [project.scripts]): `prog [options]`, help on one screen."""
+    return argparse.ArgumentParser(prog=prog, usage="%(prog)s [options]", description=description, epilog=epilog,
+                                   formatter_class=formatter_class)
+
+
+class _HelpConfig(argparse.Action):
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, nargs=0,
+                         help="list the tau2 config flags (every TAU2_* setting: reward, curriculum, episode limits, "
+                              "user simulator) and exit")
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(config_help())
+        parser.exit()
+
+
 def add_config_args(parser: argparse.ArgumentParser) -> None:
-    """Expose every config field as a `--flag` (default None = keep the env/default value)."""
+    """Expose every config field as a `--flag` (default None = keep the env/default value). They are left out of
+    --help, which stays one screen; --help-config lists them."""
     hints = typing.get_type_hints(Tau2Config)
-    group = parser.add_argument_group("tau2 config (each also settable as TAU2_<NAME>)")
+    parser.add_argument("--help-config", action=_HelpConfig)
     for f in fields(Tau2Config):
         flag = "--" + f.name.replace("_", "-")
         typ = hints[f.name]
         if typ is bool:
-            group.add_argument(flag, dest=f.name, default=None, action=argparse.BooleanOptionalAction,
-                               help=f.metadata["doc"])
+            parser.add_argument(flag, dest=f.name, default=None, action=argparse.BooleanOptionalAction,
+                                help=argparse.SUPPRESS)
         elif typing.get_origin(typ) is tuple:
-            group.add_argument(flag, dest=f.name, default=None,
-                               type=lambda s, n=env_var(f.name): _parse(n, s, tuple[float, ...]),
-                               help=f.metadata["doc"] + " (comma-separated)")
+            parser.add_argument(flag, dest=f.name, default=None,
+                                type=lambda s, n=env_var(f.name): _parse(n, s, tuple[float, ...]),
+                                help=argparse.SUPPRESS)
         else:
-            group.add_argument(flag, dest=f.name, default=None, type=typ, help=f.metadata["doc"])
+            parser.add_argument(flag, dest=f.name, default=None, type=typ, help=argparse.SUPPRESS)
 
 
 def config_from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> Tau2Config:

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from tau2_rl_pipeline.config import Tau2Config, add_config_args, config_from_args
+from tau2_rl_pipeline.config import Tau2Config, add_config_args, command_parser, config_from_args
 from tau2_rl_pipeline.curriculum import CurriculumTracker
 from tau2_rl_pipeline.difficulty import filter_tasks, pass_rates
 from tau2_rl_pipeline.engines import SamplingParams, TransformersEngine
@@ -41,7 +41,6 @@ from tau2_rl_pipeline.tasks import DOMAINS, TaskLookupError, check_split, load_t
 from tau2_rl_pipeline.trainer import LocalTrainer, TrainConfig, examples_from_trajectory, sft_example_from_chat
 from tau2_rl_pipeline.users import ScriptedUser
 
-ROOT = Path(__file__).resolve().parents[1]
 DEMO_MAX_TURNS = 8  # unless --max-turns or TAU2_MAX_TURNS say otherwise: mock tasks take 2-3 policy turns
 console = Console(stderr=True)
 
@@ -124,7 +123,7 @@ def evaluate_stage(args, model_dir: Path, out: Path, stage: str, num_samples: in
            "--max-new-tokens", str(args.max_new_tokens), "--max-turns", str(args.max_turns),
            "--seed", str(args.seed), "--concurrency", "8", "--output", str(output)]
     console.print(f"[bold]evaluate {stage}[/bold]: python {' '.join(cmd[1:])}")
-    subprocess.run(cmd, check=True, cwd=ROOT)
+    subprocess.run(cmd, check=True)  # in the caller's directory, where the relative --out and --model paths are
     return json.loads(output.read_text())
 
 
@@ -234,8 +233,11 @@ def policy_stage(args, algorithm: str, start: Path, dest: Path, out: Path, cfg: 
 
 # -- CLI -----------------------------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m tau2_rl_pipeline.local_pipeline", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = command_parser(
+        "tau2-rl-demo", __doc__.split("\n\n")[0],
+        epilog="Writes <out>/report.json (every stage's numbers with counts), charts and each stage's Pass@K run, "
+               "then prints the stage table; a stage whose output exists is skipped (rerun to resume). Scripted "
+               "user: a plumbing and learning-signal check, not a tau2 score.")
     p.add_argument("--domain", default="mock", choices=DOMAINS)
     p.add_argument("--split", default=None, help="task split trained and evaluated on (default: mock base, else train)")
     p.add_argument("--eval-split", default=None, help="split evaluated on (default: mock base, else test)")

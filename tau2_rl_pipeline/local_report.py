@@ -1,7 +1,8 @@
 """The local pipeline's report: each stage's pass rates (with their counts), the charts, the table.
 
-Charts are honest: rates on a 0-1 axis with 95% bootstrap CIs and the task / episode counts under each stage;
-reward curves from zero (or below, when a format penalty takes the shaped reward under it).
+The stage chart and table are tau2_rl_pipeline.pictures.stage_chart's (every evaluated stage in report order, so
+an AWSFT stage shows beside GRPO's); the reward curves start at zero (or below, when a format penalty takes the
+shaped reward under it).
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from pathlib import Path
 from rich.console import Console
 
 ALGORITHMS = ("grpo", "awsft")  # the policy stage's loss: PPO-clip, or advantage-weighted SFT
-STAGES = ("base", "sft", "rft", *ALGORITHMS)
 
 
 def stage_numbers(summary: dict, domain: str) -> dict:
@@ -43,24 +43,11 @@ def write_charts(report: dict, out: Path) -> list[Path]:
         ax.set_ylim(bottom=min(0.0, *(h["shaped_reward_mean"] for h in history)))
         paths.append(_finish(fig, ax, f"{algorithm.upper()} on {report['domain']} (scripted user: plumbing check)",
                              out / f"{algorithm}_reward.png"))
-    stages = [s for s in STAGES if s in report["stages"]]
-    if stages:
-        k = report["stages"][stages[0]]["k"]
-        names = ["pass@1", f"pass@{k}", f"pass^{k}"]
-        fig, ax = plt.subplots(figsize=(7, 3.8))
-        width = 0.8 / len(names)
-        for j, name in enumerate(names):
-            entries = [report["stages"][s][name] for s in stages]
-            values = [e["value"] for e in entries]
-            errs = [[v - e["ci"][0] for v, e in zip(values, entries)], [e["ci"][1] - v for v, e in zip(values, entries)]]
-            ax.bar([i + j * width for i in range(len(stages))], values, width, yerr=errs, capsize=3, label=name)
-        labels = [f"{s}\n(T={report['stages'][s]['pass@1']['n_tasks']}, E={report['stages'][s]['pass@1']['n_episodes']})"
-                  for s in stages]
-        ax.set_xticks([i + width * (len(names) - 1) / 2 for i in range(len(stages))], labels)
-        ax.set_ylim(0, 1.05)
-        ax.set_ylabel("rate (95% bootstrap CI over tasks)")
-        paths.append(_finish(fig, ax, f"{report['domain']}: each stage's checkpoint (scripted user, not a tau2 score)",
-                             out / "stages_passk.png"))
+    if report["stages"]:
+        from tau2_rl_pipeline.pictures import stage_chart
+
+        stage_chart.render(report, out / "stages_passk.png")
+        paths.append(out / "stages_passk.png")
     return paths
 
 
@@ -76,17 +63,19 @@ def _finish(fig, ax, title: str, path: Path) -> Path:
 
 
 def print_stage_table(report: dict) -> None:
+    """Each stage's checkpoint evaluated: every metric as value [95% CI], and the counts behind the row."""
     from rich.table import Table
 
-    from tau2_rl_pipeline.metrics import format_metric
+    from eval.report import cell
+    from tau2_rl_pipeline.pictures.stage_chart import stage_metrics
 
-    table = Table(title=f"{report['domain']}: pass rates per stage (scripted user: plumbing check, not a tau2 score)")
-    table.add_column("stage")
-    stages = [s for s in STAGES if s in report["stages"]]
-    k = report["stages"][stages[0]]["k"] if stages else 1
-    for name in ("pass@1", f"pass@{k}", f"pass^{k}", "mean_partial"):
-        table.add_column(name)
+    stages, names = stage_metrics(report)
+    table = Table(title=f"{report['domain']}: pass rates per stage (scripted user: plumbing check, not a tau2 score)",
+                  caption="value [95% bootstrap CI over tasks]; pass@k: any of k succeeds, pass^k: all k (tau2)")
+    for name in ("stage", *names, "tasks / episodes"):
+        table.add_column(name, justify="left" if name == "stage" else "right")
     for s in stages:
         row = report["stages"][s]
-        table.add_row(s, *[format_metric(row[name]) for name in ("pass@1", f"pass@{k}", f"pass^{k}", "mean_partial")])
+        counts = next(row[n] for n in names if n in row)
+        table.add_row(s, *[cell(row.get(n)) for n in names], f"{counts['n_tasks']} / {counts['n_episodes']}")
     Console().print(table)

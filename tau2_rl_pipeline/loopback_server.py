@@ -256,14 +256,19 @@ class LoopbackServer:
             loop.close()
 
     # -- handlers -------------------------------------------------------------------------------------------
-    async def _model_request(self, request: web.Request, answer: Any) -> web.StreamResponse:
-        """What every model endpoint shares: record, count open requests, inject faults, add latency."""
+    async def _record(self, request: web.Request) -> Any:
+        """The request's JSON body (None if it has none), logged with its path and arrival time."""
         try:
             body = await request.json()
         except ValueError:
             body = None
         self.requests.append((request.path, body))
         self.request_times.append(time.monotonic())
+        return body
+
+    async def _model_request(self, request: web.Request, answer: Any) -> web.StreamResponse:
+        """What every model endpoint shares: record, count open requests, inject faults, add latency."""
+        body = await self._record(request)
         self._open += 1
         self.max_concurrent = max(self.max_concurrent, self._open)
         try:
@@ -419,12 +424,7 @@ class LoopbackServer:
                                                "worker_type": "regular", "is_healthy": True}], "total": 1})
 
     async def _abort_request(self, request: web.Request) -> web.StreamResponse:
-        try:
-            body = await request.json()
-        except ValueError:
-            body = None
-        self.requests.append((request.path, body))
-        self.request_times.append(time.monotonic())
+        body = await self._record(request)
         if isinstance(body, dict) and body.get("abort_all"):
             for task in list(self._generating):
                 self._aborted.add(task)

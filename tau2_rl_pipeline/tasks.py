@@ -10,7 +10,6 @@ short human-readable label; slime's `--input-key input --metadata-key metadata` 
 
 from __future__ import annotations
 
-import argparse
 import functools
 import json
 import sys
@@ -18,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import tau2_rl_pipeline  # noqa: F401  (quiet logging, offline litellm before tau2 loads)
+from tau2_rl_pipeline.config import command_parser
 from tau2_rl_pipeline.files import atomic_write_bytes
 
 if TYPE_CHECKING:
@@ -129,7 +129,7 @@ def _csv(text: str) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = command_parser("tau2-rl-tasks", __doc__.split("\n\n")[0])
     parser.add_argument("--local_dir", "--local-dir", dest="local_dir", required=True,
                         help="output directory for the task JSONL files")
     parser.add_argument("--domains", default="airline,retail,telecom", help="comma-separated domains")

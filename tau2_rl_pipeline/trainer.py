@@ -83,9 +83,10 @@ def sft_example_from_chat(tokenizer: Any, chat: list[dict], tools: list[dict] | 
 
     Spans come from rendering prefixes with the chat template: an assistant turn starts where the prefix before
     it plus the generation prompt ends, and stops after the end-of-turn token that rendering it appends. The
-    header, the newline after the end-of-turn token, and system/user/tool turns stay 0: slime's qwen3 loss mask
-    (`MultiTurnLossMaskGenerator.gen_multi_turn_loss_mask_qwen3`, slime/utils/mask_utils.py at 624b824), except
-    that slime also trains on that newline, which the policy never samples (rollouts stop at <|im_end|>).
+    header, the newline after the end-of-turn token, and system/user/tool turns stay 0. The newline is the one
+    documented decision (tau2_rl_pipeline/slime_sft.py): never a target, since the policy never samples it
+    (rollouts stop at <|im_end|>); slime's qwen3 loss mask trains it, so the scripts run slime's SFT through
+    slime_sft, which clears it, and slime's mask then equals this one token for token (tests/contract).
     Each span is tokenized on its own, exactly as a rollout keeps its books (prompt encoded once, sampled turns
     as sampled, observations as template deltas), so SFT trains on the token sequences GRPO sees.
     Trailing observations after the last assistant turn are dropped: nothing after them is a target. An

@@ -518,18 +518,16 @@ def test_episode_seed_depends_on_every_part_of_the_key() -> None:
 
 
 # ---------------------------------------------------------------------------------------------------
-# public/ chart refresh
+# public/: a reference run's chart (tau2-rl-pictures --reference)
 
-def test_refresh_public_chart_renders_from_a_summary(mock_run: dict, tmp_path: Path) -> None:
-    env = {**os.environ, "PUBLIC_DIR": str(tmp_path / "public"), "PYTHON": sys.executable}
-    proc = subprocess.run(["bash", str(REPO_ROOT / "scripts" / "refresh_public_chart.sh"),
-                           str(mock_run["paths"]["summary"])], env=env, capture_output=True, text=True,
-                          timeout=120, check=False)
-    assert proc.returncode == 0, proc.stderr
+def test_reference_chart_renders_from_a_summary(mock_run: dict, tmp_path: Path, capsys) -> None:
+    from tau2_rl_pipeline.pictures.__main__ import main, reference_chart
+
+    written = reference_chart(mock_run["paths"]["summary"], tmp_path / "public")
+    assert [p.name for p in written] == ["passk_reference.png", "passk_reference.json"]
     assert (tmp_path / "public" / "passk_reference.png").read_bytes()[:4] == b"\x89PNG"
     copied = json.loads((tmp_path / "public" / "passk_reference.json").read_text())
     assert copied == json.loads(mock_run["paths"]["summary"].read_text())
-    missing = subprocess.run(["bash", str(REPO_ROOT / "scripts" / "refresh_public_chart.sh"),
-                              str(tmp_path / "nope.json")], env=env, capture_output=True, text=True, timeout=60,
-                             check=False)
-    assert missing.returncode != 0 and missing.stderr.count("\n") == 1 and "nope.json" in missing.stderr
+    assert main(["--reference", str(tmp_path / "nope.json"), "--out", str(tmp_path / "other")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "nope.json" in err and not (tmp_path / "other").exists()

@@ -1,8 +1,9 @@
 """The stage scripts under scripts/: shellcheck, and every script's dry run checked flag by flag.
 
-A dry run prints each command as `+ <command>` (printf %q quoting, which shlex reads back). The flags printed for
-slime, Megatron, SGLang and slime's converters are checked against configs/slime_flags.txt, read from those
-programs' own parsers at the pinned commits; slime ignores unknown flags silently, so only this catches a typo.
+A dry run prints each command as `+ <command>` (printf %q quoting, which shlex reads back). Here: which flags each
+setting produces. Whether slime, Megatron, SGLang and slime's converters accept those flags, and parse them into what
+the scripts mean, is checked by their own parsers in the contract tier (tests/contract/test_stage_argv.py): slime
+ignores unknown flags silently, so only that catches a typo.
 Real (non-dry) runs are used only for checks that fail before anything is launched: missing inputs, a busy port,
 too few GPUs (a stand-in `nvidia-smi`, the one thing this machine lacks), an unreachable server.
 """
@@ -28,7 +29,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ROOT / "scripts"
-FLAGS_FILE = ROOT / "configs" / "slime_flags.txt"
+SLIME_COMMIT = "624b824a898ab0ec1fcb4d373004c7f3852bf515"  # the slime the contract tier runs (../shared/third_party)
 SLIME = "/opt/test-slime"
 MEGATRON = "/opt/test-megatron"
 # The stage scripts whose dry runs this file checks (common.sh is sourced by them). Shellcheck covers all scripts.
@@ -240,6 +241,7 @@ def test_grpo_plug_ins_name_functions_of_this_package(dry_dir: Path) -> None:
     got = grpo_flags(dry_dir, TAU2_FILTER_ZERO_STD="1", GRPO_ALGORITHM="awsft")
     paths = [got[f] for f in ("--custom-generate-function-path", "--custom-reward-post-process-path",
                               "--dynamic-sampling-filter-path", "--custom-loss-function-path")]
+    paths.append(sft_flags(dry_dir)["--rollout-function-path"])
     for path in paths:
         module, _, name = path.rpartition(".")
         tree = ast.parse((ROOT / (module.replace(".", "/") + ".py")).read_text())
@@ -266,11 +268,34 @@ def test_grpo_resumes_its_own_checkpoint(tmp_path: Path) -> None:
     assert not {"--finetune", "--no-load-optim", "--no-load-rng", "--start-rollout-id"} & got.keys()
 
 
+def test_async_grpo_runs_train_async_on_split_policy_gpus(dry_dir: Path) -> None:
+    """train_async.py refuses --colocate: half the policy GPUs train, half serve rollout (layout 8: 2 + 2)."""
+    assert slime_job(cached_dry("train_grpo.sh", dry_dir), "train.py")  # synchronous by default
+    got = flags(slime_job(cached_dry("train_grpo.sh", dry_dir, GRPO_ASYNC="1"), "train_async.py")[1])
+    assert "--colocate" not in got
+    assert got["--actor-num-gpus-per-node"] == "2" and got["--rollout-num-gpus"] == "2"
+    assert got["--rollout-function-path"] == "tau2_rl_pipeline.slime_adapter.generate_rollout_fully_async"
+    assert {"--partial-rollout", "--mask-offpolicy-in-partial-rollout", "--use-tis"} <= got.keys()
+    assert got["--custom-generate-function-path"] == "tau2_rl_pipeline.slime_adapter.generate"
+    sync = grpo_flags(dry_dir)
+    assert not {"--partial-rollout", "--use-tis", "--rollout-num-gpus", "--rollout-function-path"} & sync.keys()
+
+
+def test_async_grpo_settings(dry_dir: Path) -> None:
+    got = flags(slime_job(cached_dry("train_grpo.sh", dry_dir, GRPO_ASYNC="1", GRPO_ASYNC_ROLLOUT_GPUS="3",
+                                     GRPO_ASYNC_ROLLOUT_FUNCTION="my_pkg.rollout.run", GRPO_PARTIAL_ROLLOUT="0",
+                                     GRPO_USE_TIS="0"), "train_async.py")[1])
+    assert got["--rollout-num-gpus"] == "3" and got["--actor-num-gpus-per-node"] == "1"
+    assert got["--tensor-model-parallel-size"] == "1" and "--sequence-parallel" not in got  # TP capped at 1 GPU
+    assert got["--rollout-function-path"] == "my_pkg.rollout.run"
+    assert not {"--partial-rollout", "--mask-offpolicy-in-partial-rollout", "--use-tis"} & got.keys()
+
+
 # ---- SFT / RFT ------------------------------------------------------------------------------------------------
 def test_sft_reads_messages_and_tools_without_chat_template_flag(dry_dir: Path) -> None:
     got = sft_flags(dry_dir)
     assert got["--input-key"] == "messages" and got["--tool-key"] == "tools"
-    assert got["--rollout-function-path"] == "slime.rollout.sft_rollout.generate_rollout"
+    assert got["--rollout-function-path"] == "tau2_rl_pipeline.slime_sft.generate_rollout"
     assert got["--loss-type"] == "sft_loss" and "--debug-train-only" in got
     assert "--apply-chat-template" not in got
     assert got["--prompt-data"] == str(dry_dir / "out/data/sft_seed.jsonl")
@@ -447,6 +472,12 @@ def test_user_sim_serves_where_the_rollout_looks(dry_dir: Path) -> None:
     ("train_grpo.sh", {"TAU2_GPU_LAYOUT": "3"}, "TAU2_GPU_LAYOUT=3 is not one of: 8, 4, 2"),
     ("train_grpo.sh", {"TAU2_FILTER_ZERO_STD": "maybe"}, "TAU2_FILTER_ZERO_STD=maybe must be true or false"),
     ("train_grpo.sh", {"POLICY_GPUS": "0,1,4,5"}, "GPU 4 is in both"),
+    ("train_grpo.sh", {"GRPO_ASYNC": "maybe"}, "GRPO_ASYNC=maybe must be true or false"),
+    ("train_grpo.sh", {"GRPO_ASYNC": "1", "TAU2_GPU_LAYOUT": "2"}, "it needs at least 2 policy GPUs"),
+    ("train_grpo.sh", {"GRPO_ASYNC": "1", "GRPO_ASYNC_ROLLOUT_GPUS": "4"}, "must be between 1 and 3"),
+    ("train_grpo.sh", {"GRPO_ASYNC": "1", "GRPO_ASYNC_ROLLOUT_GPUS": "1"}, "does not divide the 3 training GPUs"),
+    ("train_grpo.sh", {"GRPO_USE_TIS": "sometimes"}, "GRPO_USE_TIS=sometimes must be true or false"),
+    ("train_grpo.sh", {"GRPO_ASYNC": "1", "TAU2_FILTER_ZERO_STD": "1"}, "fully async rollout applies no dynamic"),
     ("train_sft.sh", {"TRAIN_TP": "3"}, "TRAIN_TP=3 does not divide"),
     ("train_sft.sh", {"LOSS_MASK_TYPE": "llama"}, "LOSS_MASK_TYPE=llama is not one of"),
     ("train_sft.sh", {"DRY_RUN": "yes"}, "DRY_RUN=yes must be 0 or 1"),
@@ -661,69 +692,7 @@ def test_pipeline_stops_at_a_failing_stage(tmp_path: Path) -> None:
     assert [name for name, state in stage_lines(result) if state == "running"] == ["tasks"]  # grpo never started
 
 
-# ---- every printed flag exists in the parser it is given to ------------------------------------------------------
-def flag_sections() -> dict[str, set[str]]:
-    sections: dict[str, set[str]] = {}
-    current = None
-    for line in FLAGS_FILE.read_text().splitlines():
-        if line.startswith("["):
-            current = line.strip("[]")
-            sections[current] = set()
-        elif line.startswith("--"):
-            assert current is not None
-            sections[current].add(line)
-    return sections
-
-
-def checked_flags(cmd: list[str], sections: dict[str, set[str]]) -> tuple[str, list[str], set[str]] | None:
-    """(program, its argv, the flags it accepts) for a command that runs slime, Megatron, SGLang or a converter."""
-    if cmd[:3] == ["ray", "job", "submit"]:
-        argv = cmd[cmd.index("--") + 1:]
-        return argv[1], argv[2:], sections["slime"] | sections["megatron"] | sections["slime-sglang"]
-    for i, tok in enumerate(cmd):
-        if tok.endswith("tools/convert_hf_to_torch_dist.py"):
-            return tok, cmd[i + 1:], sections["megatron"] | sections["convert_hf_to_torch_dist"]
-        if tok.endswith("tools/convert_torch_dist_to_hf.py"):
-            return tok, cmd[i + 1:], sections["convert_torch_dist_to_hf"]
-        if tok == "sglang.launch_server":
-            return tok, cmd[i + 1:], sections["sglang-server"]
-    return None
-
-
-def test_flags_file_names_its_sources() -> None:
-    head = FLAGS_FILE.read_text().split("\n[", 1)[0]
-    assert "624b824a898ab0ec1fcb4d373004c7f3852bf515" in head and "slime/utils/arguments.py" in head
-    assert "1dcf0dafa884ad52ffb243625717a3471643e087" in head and "sglang==0.5.15.post1" in head
-    sections = flag_sections()
-    assert {"--loss-mask-type", "--custom-generate-function-path", "--start-rollout-id"} <= sections["slime"]
-    assert {"--finetune", "--no-load-optim", "--tensor-model-parallel-size"} <= sections["megatron"]
-    assert "--sglang-mem-fraction-static" in sections["slime-sglang"]
-    assert "--wandb-key" in sections["slime"]  # exists, and the scripts deliberately never pass it
-
-
-@pytest.mark.parametrize("script", ALL_SCRIPTS)
-def test_every_printed_flag_exists_in_its_parser(dry_dir: Path, script: str) -> None:
-    sections = flag_sections()
-    result = cached_dry(script, dry_dir, **ALL_OPTIONS)
-    checked = 0
-    for cmd in result.commands:
-        found = checked_flags(cmd, sections)
-        if found is None:
-            continue
-        program, argv, accepted = found
-        unknown = sorted({tok for tok in argv if tok.startswith("--")} - accepted)
-        assert not unknown, f"{script}: {program} does not accept {unknown}"
-        checked += 1
-    expected = {"download.sh": 0, "generate_rft.sh": 0}.get(script, 1)
-    assert checked >= expected, result.stdout
-
-
-def test_the_flag_check_catches_an_unknown_flag(dry_dir: Path) -> None:
-    result = cached_dry("train_grpo.sh", dry_dir, EXTRA_SLIME_ARGS="--eps-clipp 0.3")
-    _, argv, accepted = checked_flags(command_with(result, "ray", "job", "submit"), flag_sections())
-    assert {tok for tok in argv if tok.startswith("--")} - accepted == {"--eps-clipp"}
-
-
+# ---- entry points of this package ------------------------------------------------------------------------------
 def entry_point_commands(dry_dir: Path) -> list[list[str]]:
     runs = [cached_dry("download.sh", dry_dir), cached_dry("download.sh", dry_dir, SEED_SOURCE="oracle"),
             cached_dry("generate_rft.sh", dry_dir), cached_dry("pipeline.sh", dry_dir)]
@@ -772,7 +741,7 @@ def test_dockerfile_pins_the_image_and_slime_and_holds_no_secrets() -> None:
     assert image.startswith("slimerl/slime:") and not image.endswith(":latest")
     assert re.search(r"^FROM \$\{SLIME_IMAGE\}$", text, flags=re.MULTILINE)
     commit = re.search(r"^ARG SLIME_COMMIT=([0-9a-f]{40})$", text, flags=re.MULTILINE).group(1)
-    assert commit in FLAGS_FILE.read_text().split("\n[", 1)[0]
+    assert commit == SLIME_COMMIT
     assert "--no-deps -e ." in text and "-c /tmp/image-stack.txt" in text
     assert not re.search(r"^(ENV|ARG)\b.*(KEY|TOKEN|SECRET|PASSWORD)", text, flags=re.MULTILINE)
     ignored = (ROOT / ".dockerignore").read_text().splitlines()

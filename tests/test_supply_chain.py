@@ -9,6 +9,7 @@ requirements-torch.txt (no PyPI hash covers its CPU build).
 from __future__ import annotations
 
 import importlib.metadata
+import importlib.util
 import re
 import subprocess
 from pathlib import Path
@@ -23,6 +24,7 @@ from packaging.version import Version
 ROOT = Path(__file__).resolve().parents[1]
 LOCK = ROOT / "requirements.lock"
 TORCH_LOCK = ROOT / "requirements-torch.txt"
+CONTRACT_LOCK = ROOT / "requirements-contract.lock"  # the contract tier's extra packages (scripts/test.sh)
 COMPROMISED_LITELLM = tuple(Version(v) for v in ("1.82.7", "1.82.8", "1.107.0"))
 SHA256 = re.compile(r"--hash=sha256:([0-9a-f]{64})$")
 
@@ -70,11 +72,12 @@ def litellm_problems(lock_text: str, constraint: str, installed: str | None) -> 
     return problems
 
 
-def declared_requirements() -> list[Requirement]:
-    """The package's dependencies and its local and test extras, from pyproject.toml."""
+def declared_requirements(*extra_names: str) -> list[Requirement]:
+    """The package's dependencies and its local and test extras (and any named extras), from pyproject.toml."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     extras = project["optional-dependencies"]
-    return [Requirement(r) for r in [*project["dependencies"], *extras["local"], *extras["test"]]]
+    names = ("local", "test", *extra_names)
+    return [Requirement(r) for r in [*project["dependencies"], *(r for n in names for r in extras[n])]]
 
 
 @pytest.fixture(scope="module")
@@ -88,9 +91,15 @@ def torch_pin() -> Requirement:
     return entry[0]
 
 
-def test_every_locked_package_is_one_exact_version_with_sha256_hashes(lock) -> None:
-    assert len(lock) > 50
-    for name, (req, digests) in lock.items():
+@pytest.fixture(scope="module")
+def contract_lock() -> dict[str, tuple[Requirement, list[str]]]:
+    return lock_entries(CONTRACT_LOCK.read_text())
+
+
+def test_every_locked_package_is_one_exact_version_with_sha256_hashes(lock, contract_lock) -> None:
+    assert len(lock) > 50 and len(contract_lock) >= 10
+    assert not set(lock) & set(contract_lock), "the contract lock repeats packages of the main lock"
+    for name, (req, digests) in [*lock.items(), *contract_lock.items()]:
         pinned_version(req)
         assert digests, f"{name} has no hash"
         assert not req.url and not req.extras, req
@@ -119,13 +128,19 @@ def test_every_declared_dependency_is_locked_within_its_constraint(lock, torch_p
         assert req.specifier.contains(pinned_version(pin), prereleases=True), f"{pin} breaks {req}"
 
 
-def test_the_lock_is_closed_over_every_dependency_of_what_it_installs(lock, torch_pin) -> None:
+@pytest.mark.parametrize("tier", ["main", "contract"])
+def test_the_lock_is_closed_over_every_dependency_of_what_it_installs(lock, contract_lock, torch_pin, tier) -> None:
     """Every package the declared dependencies pull in (extras and this platform's markers followed) is pinned
-    within the range its dependents ask for: a --require-hashes install needs nothing outside the lock."""
+    within the range its dependents ask for: a --require-hashes install needs nothing outside the lock (the contract
+    tier's: nothing outside the two locks)."""
     pins = {name: pinned_version(req) for name, (req, _) in lock.items()}
+    if tier == "contract":
+        if importlib.util.find_spec("ray") is None:
+            pytest.skip("the contract tier's packages are not installed (scripts/test.sh installs them)")
+        pins |= {name: pinned_version(req) for name, (req, _) in contract_lock.items()}
     pins["torch"] = pinned_version(torch_pin)
     environment = default_environment()
-    todo = [(r, "pyproject.toml") for r in declared_requirements()]
+    todo = [(r, "pyproject.toml") for r in declared_requirements(*(["contract"] if tier == "contract" else []))]
     seen: set[tuple[str, frozenset[str]]] = set()
     while todo:
         req, parent = todo.pop()
@@ -144,9 +159,12 @@ def test_the_lock_is_closed_over_every_dependency_of_what_it_installs(lock, torc
     assert "mcp" in {n for n, _ in seen}  # litellm[mcp]'s extra was followed
 
 
-def test_the_environment_runs_exactly_the_locked_versions(lock, torch_pin) -> None:
+def test_the_environment_runs_exactly_the_locked_versions(lock, contract_lock, torch_pin) -> None:
     for name, (req, _) in [*lock.items(), ("torch", (torch_pin, []))]:
         assert Version(importlib.metadata.version(name)) == pinned_version(req), name
+    for name, (req, _) in contract_lock.items():  # when the contract tier's packages are installed
+        if importlib.util.find_spec("ray") is not None:
+            assert Version(importlib.metadata.version(name)) == pinned_version(req), name
 
 
 def test_no_compromised_litellm_is_locked_allowed_or_installed(lock) -> None:
@@ -169,6 +187,7 @@ def test_setup_installs_the_lock_in_hash_checking_mode() -> None:
     installs = [line for line in lines if line.startswith("python -m pip install")]
     assert "python -m pip install -q --require-hashes -r requirements.lock" in installs
     assert "python -m pip install -q --no-deps -r requirements-torch.txt" in installs
+    assert "--require-hashes --no-deps -r requirements-contract.lock" in (ROOT / "scripts" / "test.sh").read_text()
     # nothing else comes from an index unpinned: pip itself is pinned, the package installs --no-deps, built
     # without isolation (no unpinned setuptools fetched to build it)
     for line in installs:

@@ -1,0 +1,141 @@
+"""public/bench.png: every row of the P-tables in bench/README.md as a ratio, each panel saying what it is against.
+
+The numbers are read from bench/README.md itself (its markdown tables), so the chart shows what the README
+reports; SPECS says, per benchmark, which columns are the row's label, its ratio and the two sides of the ratio.
+A README table whose columns no longer match its spec is an error naming the benchmark and the column.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+
+from tau2_rl_pipeline.files import atomic_write_bytes
+
+
+@dataclass(frozen=True)
+class BenchSpec:
+    section: str  # "P1": the README section "## P1: ..."
+    title: str  # what the ratio is, against what
+    label: tuple[str, ...]  # columns joined into the row's label
+    value: str  # the ratio column (first number in the cell: "**162x** / **174x**" -> 162)
+    sides: tuple[str, str]  # the columns the ratio compares, shown beside each bar
+    unit: str  # "x" or "%"
+    target: float | None = None  # drawn as a dashed line
+    side_unit: str = ""  # appended to the sides when their cells carry no unit
+    label_unit: str = ""  # appended to the label
+
+
+SPECS = (
+    BenchSpec("P1", "P1 environment cost: tau2's native setup + evaluation / fast_env's (CPU ms per episode, median)",
+              ("domain",), "ratio (median / mean)", ("native setup+eval", "fast setup+eval"), "x", 20.0,
+              side_unit=" ms"),
+    BenchSpec("P2", "P2 harness efficiency: engine-bound ideal wall time / achieved (1024 episodes, 256 in flight)",
+              ("variant (mock unless said)", "latency"), "efficiency", ("ideal", "achieved"), "%", 90.0),
+    BenchSpec("P3", "P3 per-turn cost: re-render + re-tokenize the whole history / the token-delta step",
+              ("history (tokens)",), "naive / delta", ("naive re-render + re-tokenize", "token-delta step"), "x",
+              label_unit=" tokens of history"),
+    BenchSpec("P4", "P4 vs. the original design: episodes one after another / 32 in flight (wall time)",
+              ("evaluation",), "ratio", ("sequential", "concurrent (32 in flight)"), "x"),
+)
+
+
+LABEL_WIDTH = 52  # characters of a row label per line
+
+
+@dataclass
+class BenchRow:
+    label: str
+    value: float
+    sides: tuple[str, ...]
+
+
+def _table(text: str, section: str) -> list[dict[str, str]]:
+    """The first markdown table of `## <section>:` as dicts keyed by header."""
+    match = re.search(rf"^## {section}\b.*?$(.*?)(?=^## |\Z)", text, flags=re.MULTILINE | re.DOTALL)
+    if not match:
+        raise ValueError(f"bench/README.md has no section '## {section}'")
+    lines = [ln.strip() for ln in match.group(1).splitlines()]
+    start = next((i for i, ln in enumerate(lines) if ln.startswith("|")), None)
+    if start is None:
+        raise ValueError(f"bench/README.md section {section} has no table")
+    rows = []
+    for ln in lines[start:]:
+        if not ln.startswith("|"):
+            break
+        rows.append([cell.strip() for cell in ln.strip("|").split("|")])
+    header, body = rows[0], [r for r in rows[2:] if len(r) == len(rows[0])]
+    return [dict(zip(header, r)) for r in body]
+
+
+def _number(cell: str) -> float:
+    match = re.search(r"\d[\d,]*(?:\.\d+)?", cell)
+    if not match:
+        raise ValueError(f"no number in {cell!r}")
+    return float(match.group(0).replace(",", ""))
+
+
+def _plain(cell: str) -> str:
+    return cell.replace("**", "").replace("`", "").split(" / ")[0].strip()
+
+
+def bench_rows(text: str, spec: BenchSpec) -> list[BenchRow]:
+    out = []
+    for row in _table(text, spec.section):
+        for column in (*spec.label, spec.value, *spec.sides):
+            if column not in row:
+                raise ValueError(f"bench/README.md {spec.section}: no column {column!r} (has: {', '.join(row)})")
+        label = ", ".join(_plain(row[c]) for c in spec.label) + spec.label_unit
+        if "#" in row:
+            label = f"{row['#']}. {label}"
+        sides = tuple(_plain(row[c]) + spec.side_unit for c in spec.sides)
+        out.append(BenchRow(label, _number(row[spec.value]), sides))
+    if not out:
+        raise ValueError(f"bench/README.md {spec.section}: the table has no rows")
+    return out
+
+
+def render(readme: Path, path: Path) -> None:
+    """One horizontal-bar panel per benchmark, axes from zero, each bar labelled with its value and its two sides."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    text = readme.read_text()
+    panels = [(spec, bench_rows(text, spec)) for spec in SPECS]
+    labels = [[textwrap.fill(r.label, LABEL_WIDTH) for r in rows] for _, rows in panels]
+    # inches per panel: its rows (taller when a label takes two lines), its title and its axis
+    heights = [len(ls) * (0.25 + 0.13 * (max(lab.count("\n") for lab in ls))) + 0.5 for ls in labels]
+    fig, axes = plt.subplots(len(panels), 1, figsize=(10, sum(heights) + 0.4),
+                             gridspec_kw={"height_ratios": heights})
+    for ax, (spec, rows), names in zip(axes, panels, labels):
+        ys = list(range(len(rows)))[::-1]
+        values = [r.value for r in rows]
+        ax.barh(ys, values, color="#4C72B0", height=0.65)
+        top = max(values + ([spec.target] if spec.target else [])) * 1.5
+        for y, r in zip(ys, rows):
+            ax.text(r.value + top * 0.01, y, f"{r.value:g}{spec.unit}   ({r.sides[0]} vs {r.sides[1]})",
+                    va="center", fontsize=8, bbox={"facecolor": "white", "edgecolor": "none", "pad": 0.3})
+        if spec.target:
+            ax.axvline(spec.target, color="#C44E52", linestyle="--", linewidth=1)
+            ax.text(spec.target, len(rows) - 0.45, f" target {spec.target:g}{spec.unit}", color="#C44E52",
+                    fontsize=7.5, va="bottom")
+        ax.set_yticks(ys, names, fontsize=8)
+        ax.set_xlim(0, top)
+        if spec.unit == "%":  # a share of the ideal: ticks up to 100 only
+            ax.set_xticks(range(0, 101, 20))
+        ax.set_ylim(-0.6, len(rows) - 0.1)
+        ax.set_title(spec.title, fontsize=9, loc="left")
+        ax.tick_params(axis="x", labelsize=8)
+        ax.spines[["top", "right"]].set_visible(False)
+    fig.suptitle("Benchmarks (bench/README.md): each row a ratio, both sides measured in one run", fontsize=11,
+                 fontweight="bold", x=0.01, ha="left")
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100)
+    plt.close(fig)
+    atomic_write_bytes(Path(path), buf.getvalue())
