@@ -8,7 +8,8 @@ Policy-server faults: episodes of tau2's mock domain (scripted user) run against
 model requests the way servers and networks fail: connection refused (the server restarts: its listener is down
 for a moment), reset mid-response (half of the answer, then the connection aborted), HTTP 500, an answer slower
 than the client's timeout, a body that is not JSON, a connection closed without an answer. User-simulator faults:
-the same, on the path from tau2's LLM user simulator (litellm) to the server's `/v1/chat/completions`. Each row
+the same, on the path from tau2's LLM user simulator to the server's `/v1/chat/completions`, through litellm and
+through the project's async client (tau2_rl_pipeline/user_client.py). Each row
 counts completed / truncated / aborted episodes, the faults injected, and aborted episodes that were scored (must
 be 0). Bad model output: generated and adversarial completions through the parser, timed, and a subset through
 live episodes (must not crash). Prints markdown tables (for the README) and exits 0; tests/test_faults.py runs
@@ -263,8 +264,10 @@ async def policy_fault_episodes(server: LoopbackServer, url: str, tasks: Sequenc
 
 async def user_fault_episodes(policy: LoopbackServer, user_server: LoopbackServer, user_url: str,
                               tasks: Sequence[Any], n: int, cfg: Tau2Config, *, concurrency: int = 16,
-                              engine_kwargs: dict[str, Any] | None = None) -> list[Trajectory]:
-    """`n` mock episodes with tau2's LLM user simulator (litellm) reaching `user_url` + /v1; the policy talks to its
+                              engine_kwargs: dict[str, Any] | None = None,
+                              client: str = "litellm") -> list[Trajectory]:
+    """`n` mock episodes with tau2's LLM user simulator (over `client`: litellm, or the project's async client)
+    reaching `user_url` + /v1; the policy talks to its
     own server without faults. The agent's replies alternate a question and a goodbye with ###STOP###, so an
     episode makes one or two user-simulator calls and ends completed, or truncated at max_turns=2."""
     tokenizer = policy.tokenizer
@@ -272,7 +275,7 @@ async def user_fault_episodes(policy: LoopbackServer, user_server: LoopbackServe
                     for i in range(2 * n)])
     user_server.script(*[canonical_ids(user_server.tokenizer, "I need help with my task.")] * (4 * n))
     cfg = replace(cfg, user_model="openai/" + user_server.model_name, user_api_base=user_url + "/v1",
-                  max_turns=2)
+                  max_turns=2, user_client=client)
     factory = make_user_factory("llm", cfg)
     engine = SGLangEngine(policy.base_url, **(engine_kwargs or {}))
     sampling = SamplingParams(temperature=1.0, max_new_tokens=32, stop_token_ids=(tokenizer.eos_token_id,))
@@ -287,6 +290,7 @@ async def user_fault_episodes(policy: LoopbackServer, user_server: LoopbackServe
         return await _gather_bounded(one, n, concurrency)
     finally:
         await engine.aclose()
+        await factory.aclose()
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -472,10 +476,12 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"SGLangEngine max_retries={args.max_retries}, timeout {args.timeout_s:g} s\n")
         print("\n".join(fault_table(lambda url: asyncio.run(policy_fault_episodes(
             server, url, tasks, args.episodes, cfg, engine_kwargs=engine_kwargs)), proxy_for, FAULT_KINDS)))
-        print(f"\n## User-simulator faults (tau2 UserSimulator via litellm, this project's user settings): "
-              f"{args.episodes} mock episodes per row, {args.rate:.0%} of requests fail\n")
-        print("\n".join(fault_table(lambda url: asyncio.run(user_fault_episodes(
-            policy, server, url, tasks, args.episodes, cfg, engine_kwargs=engine_kwargs)), proxy_for, FAULT_KINDS)))
+        for client, what in (("litellm", "tau2 UserSimulator via litellm"), ("async", "the async user client")):
+            print(f"\n## User-simulator faults ({what}, this project's user settings): "
+                  f"{args.episodes} mock episodes per row, {args.rate:.0%} of requests fail\n")
+            print("\n".join(fault_table(lambda url, client=client: asyncio.run(user_fault_episodes(
+                policy, server, url, tasks, args.episodes, cfg, engine_kwargs=engine_kwargs, client=client)),
+                proxy_for, FAULT_KINDS)))
 
     outputs = all_bad_outputs(args.outputs, args.seed)
     timing = time_parser(outputs)

@@ -81,28 +81,25 @@ def assistant_turns(body: bytes, im_start: int, assistant: int) -> int:
     return len(re.findall(rb"\b%d,\s*%d\b" % (im_start, assistant), body))
 
 
-def serve(spec_path: str) -> None:
-    """Run the canned engine until stdin closes; prints its port first."""
+def serve_canned(route: str, latency_s: float, answer) -> None:
+    """A canned model server until stdin closes (prints its port first): each POST to `route` is answered with
+    `answer(request body)` (JSON bytes) after `latency_s`; GET /calls says how many were answered."""
     from aiohttp import web
 
-    spec = json.loads(Path(spec_path).read_text())
-    bodies = [_response_body(ids, text, spec["eos_id"]) for ids, text in zip(spec["replies"], spec["texts"])]
-    latency, im_start, assistant = spec["latency_s"], spec["im_start"], spec["assistant"]
     calls = [0]
 
-    async def generate(request: web.Request) -> web.Response:
-        turn = assistant_turns(await request.read(), im_start, assistant)
+    async def reply(request: web.Request) -> web.Response:
+        body = answer(await request.read())
         calls[0] += 1
-        await asyncio.sleep(latency)
-        # tau2 opens every conversation with the agent's greeting: the first header is not a policy turn
-        return web.Response(body=bodies[min(max(turn - 1, 1), len(bodies)) - 1], content_type="application/json")
+        await asyncio.sleep(latency_s)
+        return web.Response(body=body, content_type="application/json")
 
     async def count(request: web.Request) -> web.Response:
         return web.json_response({"calls": calls[0]})
 
     async def main() -> None:
         app = web.Application(client_max_size=256 * 1024 * 1024)
-        app.router.add_post("/generate", generate)
+        app.router.add_post(route, reply)
         app.router.add_get("/calls", count)
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
@@ -111,6 +108,20 @@ def serve(spec_path: str) -> None:
         await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)  # parent gone or done
 
     asyncio.run(main())
+
+
+def serve(spec_path: str) -> None:
+    """Run the canned engine until stdin closes; prints its port first."""
+    spec = json.loads(Path(spec_path).read_text())
+    bodies = [_response_body(ids, text, spec["eos_id"]) for ids, text in zip(spec["replies"], spec["texts"])]
+    im_start, assistant = spec["im_start"], spec["assistant"]
+
+    def answer(request: bytes) -> bytes:
+        turn = assistant_turns(request, im_start, assistant)
+        # tau2 opens every conversation with the agent's greeting: the first header is not a policy turn
+        return bodies[min(max(turn - 1, 1), len(bodies)) - 1]
+
+    serve_canned("/generate", spec["latency_s"], answer)
 
 
 class CannedSGLang:
@@ -232,9 +243,9 @@ def task_list(domain: str):
 
 
 async def run_batch(base_url: str, domain: str, tasks: list, episodes: int, concurrency: int, tokenizer,
-                    cfg) -> dict:
-    """`episodes` scripted-user episodes (tasks cycled) through the evaluator's runner, at most `concurrency` in
-    flight: wall time, CPU, stalls, GC passes."""
+                    cfg, user_factory=None) -> dict:
+    """`episodes` episodes (tasks cycled; the scripted user unless `user_factory` says otherwise) through the
+    evaluator's runner, at most `concurrency` in flight: wall time, CPU, stalls, GC passes."""
     from eval.runner import run_episodes_on_sglang
     from tau2_rl_pipeline.users import make_user_factory
 
@@ -244,7 +255,7 @@ async def run_batch(base_url: str, domain: str, tasks: list, episodes: int, conc
     cpu0, t0 = time.process_time(), time.perf_counter()
     with Heartbeat() as beat, GcPauses() as gcp:
         await run_episodes_on_sglang(base_url, pending, concurrency=concurrency, tokenizer=tokenizer,
-                                     user_factory=make_user_factory("scripted", cfg),
+                                     user_factory=user_factory or make_user_factory("scripted", cfg),
                                      sampling=policy_sampling(tokenizer), cfg=cfg, seed=0, on_done=records.append)
     wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     statuses = {s: sum(r["status"] == s for r in records) for s in {r["status"] for r in records}}
@@ -342,9 +353,17 @@ def bench(args: argparse.Namespace) -> dict:
     return result
 
 
+def yes_no(good: bool) -> str:
+    return "yes" if good else "no"
+
+
+def markdown_table(rows: list[tuple[str, str]]) -> str:
+    return "\n".join(["| measure | value |", "|---|---|", *(f"| {k} | {v} |" for k, v in rows)])
+
+
 def table(args: argparse.Namespace, r: dict) -> str:
     env = f"{args.domain} ({'tau2 native' if args.native_env else 'fast_env'})"
-    ok = lambda good: "yes" if good else "no"  # noqa: E731
+    ok = yes_no
     rows = [
         ("episodes / concurrency / latency", f"{args.episodes} / {args.concurrency} / {args.latency * 1e3:.0f} ms"),
         ("domain (environments) / episode_workers / gc.freeze / processes", f"{env} / {args.workers} / "
@@ -363,7 +382,7 @@ def table(args: argparse.Namespace, r: dict) -> str:
         ("per episode: env build+steps / first-prompt tokenize / evaluation (wall, incl. queueing)",
          " / ".join(f"{r['phases'][k] * 1e3:.0f} ms" for k in ("env_s", "tokenize_s", "eval_s"))),
     ]
-    return "\n".join(["| measure | value |", "|---|---|", *(f"| {k} | {v} |" for k, v in rows)])
+    return markdown_table(rows)
 
 
 def main(argv: list[str] | None = None) -> int:

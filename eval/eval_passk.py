@@ -41,7 +41,8 @@ from eval.shards import ShardError, run_sharded
 from tau2_rl_pipeline.config import ConfigError, Tau2Config, add_config_args, command_parser, config_from_args
 from tau2_rl_pipeline.engines import SamplingParams
 from tau2_rl_pipeline.tasks import TaskLookupError, check_split, load_tasks
-from tau2_rl_pipeline.users import USER_KINDS, UserConfigError, llm_user_args, make_user_factory
+from tau2_rl_pipeline.users import (USER_KINDS, UserConfigError, llm_user_args, make_user_factory,
+                                    user_client_kind)
 
 BOOTSTRAP_SEED = 0  # fixed, so the same episodes always give the same CIs (a resumed run included)
 
@@ -161,6 +162,7 @@ def run_settings(args: argparse.Namespace, cfg: Tau2Config, sampling: SamplingPa
         "user": args.user, "user_model": cfg.user_model if llm else None,
         "user_api_base": _safe_url(cfg.user_api_base) if llm else None, "user_llm_args": user_args,
         "user_temperature": cfg.user_temperature if llm else None,
+        "user_client": user_client_kind(cfg) if llm else None,  # informational: both send the same requests
         "domains": list(args.domain_list), "task_split": args.task_split, "task_ids": args.task_id_list,
         "num_samples": args.num_samples,
         "sampling": {"temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": sampling.top_k,

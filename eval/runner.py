@@ -96,7 +96,12 @@ async def run_episodes(pending: Sequence[tuple[str, Any, int]], *, engine: Any, 
                                record["termination_reason"], record["error"])
             on_done(record)
 
-    await asyncio.gather(*(one(d, t, s) for d, t, s in pending))
+    try:
+        await asyncio.gather(*(one(d, t, s) for d, t, s in pending))
+    finally:
+        closing = getattr(user_factory, "aclose", None)  # the async user client's session belongs to this loop
+        if closing is not None:
+            await closing()
 
 
 async def run_episodes_on_sglang(sglang_url: str, pending: Sequence[tuple[str, Any, int]], *, concurrency: int,

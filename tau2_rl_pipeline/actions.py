@@ -174,6 +174,25 @@ def _parse_block(raw: str, index: int, allowed_tools: Collection[str] | None) ->
     return ParsedToolCall(name=name, arguments=arguments, raw=raw)
 
 
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+
+
+def split_reasoning(text: str) -> tuple[str, str]:
+    """(reasoning, visible reply) of a completion from a thinking model (Qwen3 thinking: ``<think>...</think>``).
+
+    As Qwen3's chat template reads a turn: everything up to the last ``</think>`` is reasoning (its opener may be
+    in the prompt, not the completion); a ``<think>`` never closed makes the rest of the turn reasoning (cut by
+    max_new_tokens mid-thought). The reply keeps only what follows. Text with no tags is all reply.
+    """
+    close = text.rfind(THINK_CLOSE)
+    if close != -1:
+        return text[:close + len(THINK_CLOSE)], text[close + len(THINK_CLOSE):].lstrip("\n")
+    opened = text.find(THINK_OPEN)
+    if opened != -1:
+        return text[opened:], text[:opened]
+    return "", text
+
+
 def _strip_end_of_turn(text: str) -> str:
     stripped = text.rstrip()
     for token in END_OF_TURN_TOKENS:

@@ -48,10 +48,18 @@ class Tau2Config:
     user_temperature: float = field(default=0.0, metadata=_meta(
         "sampling temperature of the user simulator", min_value=0.0, max_value=2.0))
     user_max_retries: int = field(default=4, metadata=_meta(
-        "litellm retries of a failed user-simulator call (errors, malformed answers, timeouts) before the episode "
-        "ends aborted", min_value=0))
+        "retries of a failed user-simulator call (errors, malformed answers, timeouts; the async client backs off "
+        "between them) before the episode ends aborted; also tau2's re-asks of an empty answer", min_value=0))
     user_timeout_s: float = field(default=120.0, metadata=_meta(
         "seconds one user-simulator call may take before it is retried", min_value=0.1))
+    user_client: str = field(default="auto", metadata=_meta(
+        "how tau2's LLM user reaches its model: async = the project's client of an OpenAI-compatible "
+        "/v1/chat/completions on the event loop, sending tau2's requests (a local server); litellm = tau2's own "
+        "UserSimulator over litellm on worker threads (provider models: API keys, routing); auto = async when "
+        "TAU2_USER_API_BASE is set and TAU2_USER_MODEL starts with openai/ (and TAU2_USER_STRATEGY is llm), else litellm",
+        choices=("auto", "async", "litellm")))
+    user_max_in_flight: int = field(default=256, metadata=_meta(
+        "user-simulator requests open at once through the async client, per rollout process", min_value=1))
     user_strategy: str = field(default="llm", metadata=_meta(
         "how the LLM user simulator writes each message (the original tau-bench's strategies): llm = tau2's "
         "own; react = a thought, then the message (the thought is stripped); verify = a second call checks the "
@@ -73,8 +81,9 @@ class Tau2Config:
         "cheap tau2 environments (databases parsed once, copy-on-read records, cached hashes) for episodes and "
         "their evaluation; rewards identical to tau2's native path (bench/env_cost.py); off = tau2's own"))
     episode_workers: int = field(default=64, metadata=_meta(
-        "threads for blocking episode work (tau2 tools, user-simulator calls, evaluation) shared by all "
-        "episodes in flight in one process; 0 = on the event loop (scripted user only: fastest with fast_env)",
+        "threads for blocking episode work (tau2 tools, litellm user-simulator calls, evaluation) shared by all "
+        "episodes in flight in one process; 0 = on the event loop (the scripted user or the async user client: "
+        "fastest with fast_env; litellm refuses it)",
         min_value=0))
     # -- policy server (engines.py) and aborted runs ---------------------------------------------
     engine_max_retries: int = field(default=4, metadata=_meta(

@@ -15,8 +15,6 @@ import array
 import asyncio
 import base64
 import json
-import logging
-import random
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -26,11 +24,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 import aiohttp
 
 from tau2_rl_pipeline.tokens import TopPSpans
+from tau2_rl_pipeline.http_post import RequestFailed, RetryingPost, backoff_delay  # noqa: F401 (re-exported)
 
 if TYPE_CHECKING:  # torch is an optional dependency (extra "local"): SGLangEngine users need not install it
     import torch
-
-logger = logging.getLogger(__name__)
 
 FINISH_REASONS = ("stop", "length", "abort")
 GREEDY_BELOW = 1e-6  # temperatures under this mean greedy decoding (SGLang's own threshold)
@@ -204,35 +201,6 @@ def _top_p_spans(meta: dict[str, Any], n_tokens: int) -> TopPSpans | None:
     return spans
 
 
-def backoff_delay(retry: int, base_s: float, max_s: float, rng: random.Random) -> float:
-    """Seconds to wait before retry number `retry` (0-based): base * 2**retry capped at max_s, "equal jitter"
-    (half fixed, half random) so a burst of failed requests does not retry in lockstep yet never retries at once."""
-    ceiling = min(max_s, base_s * (2 ** retry))
-    return ceiling / 2 + rng.uniform(0.0, ceiling / 2)
-
-
-def _server_message(body: bytes) -> str:
-    """The error text a server put in its body (SGLang: {"error": {"message": ...}}), kept short for logs."""
-    try:
-        parsed = json.loads(body)
-    except ValueError:
-        return body[:300].decode("utf-8", "replace")
-    if isinstance(parsed, dict):
-        error = parsed.get("error")
-        if isinstance(error, dict) and "message" in error:
-            return str(error["message"])[:300]
-        for key in ("message", "detail", "error"):
-            if key in parsed:
-                return str(parsed[key])[:300]
-    return str(parsed)[:300]
-
-
-def _transport_error(exc: BaseException, timeout_s: float) -> str:
-    if isinstance(exc, asyncio.TimeoutError):  # aiohttp's own timeouts subclass it and often carry no message
-        return f"{type(exc).__name__}: no complete answer within {timeout_s} s"
-    return f"{type(exc).__name__}: {exc}".rstrip(": ")
-
-
 class SGLangEngine:
     """Client of an SGLang server or router's native `/generate`.
 
@@ -240,27 +208,18 @@ class SGLangEngine:
     a refused request (4xx) is not, since sending it again cannot help. At most `max_in_flight` requests are open
     at once so a large rollout batch does not swamp the router's queue or exhaust local sockets. The HTTP client
     is aiohttp: httpx's pool scans every pooled connection on each request event, which with hundreds in flight
-    made the client, not the engine, the bottleneck (bench/README.md, P2). Its session and semaphore belong to the
-    event loop that first uses them: use one engine per loop, and `aclose()` it there.
+    made the client, not the engine, the bottleneck (bench/README.md, P2). The HTTP discipline is
+    `http_post.RetryingPost`'s, shared with the user simulator's client; `aclose()` on the loop that used it.
     """
 
     def __init__(self, base_url: str, *, timeout_s: float = 120.0, max_retries: int = 4,
                  backoff_base_s: float = 0.5, backoff_max_s: float = 8.0, max_in_flight: int = 256,
                  session: aiohttp.ClientSession | None = None) -> None:
-        if not base_url.startswith(("http://", "https://")):
-            raise ValueError(f"base_url must start with http:// or https://, got {base_url!r}")
-        if timeout_s <= 0 or max_retries < 0 or max_in_flight < 1 or backoff_base_s < 0 or backoff_max_s < 0:
-            raise ValueError("need timeout_s > 0, max_retries >= 0, max_in_flight >= 1 and backoffs >= 0")
         self.url = base_url.rstrip("/") + "/generate"
-        self.timeout_s = timeout_s
-        self.max_retries = max_retries
-        self.backoff_base_s = backoff_base_s
-        self.backoff_max_s = backoff_max_s
-        self.max_in_flight = max_in_flight
-        self._owns_session = session is None
-        self._session = session  # made on first use: an aiohttp session must be created on its event loop
-        self._in_flight = asyncio.Semaphore(max_in_flight)
-        self._rng = random.Random()
+        self._http = RetryingPost(self.url, name="SGLang /generate", timeout_s=timeout_s, max_retries=max_retries,
+                                  backoff_base_s=backoff_base_s, backoff_max_s=backoff_max_s,
+                                  max_in_flight=max_in_flight, session=session)
+        self.timeout_s, self.max_retries, self.max_in_flight = timeout_s, max_retries, max_in_flight
 
     @classmethod
     def from_router(cls, ip: str, port: int, **kwargs: Any) -> SGLangEngine:
@@ -271,50 +230,25 @@ class SGLangEngine:
             host = f"[{host}]"
         return cls(f"http://{host}:{port}", **kwargs)
 
-    def _http(self) -> aiohttp.ClientSession:
-        if self._session is None:
-            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=self.max_in_flight))
-        return self._session
-
-    async def _post(self, body: bytes) -> tuple[int, bytes]:
-        async with self._http().post(self.url, data=body, headers={"Content-Type": "application/json"},
-                                     timeout=aiohttp.ClientTimeout(total=self.timeout_s)) as response:
-            return response.status, await response.read()
+    @property
+    def _session(self) -> aiohttp.ClientSession | None:
+        return self._http.session
 
     async def generate(self, input_ids: list[int], sampling: SamplingParams) -> GenerateResult:
         body = sglang_generate_body(input_ids, sampling)
-        attempts = self.max_retries + 1
-        last_error = ""
-        for attempt in range(attempts):
-            if attempt:
-                await asyncio.sleep(backoff_delay(attempt - 1, self.backoff_base_s, self.backoff_max_s, self._rng))
-            try:
-                async with self._in_flight:  # held for the HTTP exchange only, not while backing off
-                    status, content = await self._post(body)
-            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:  # refused, reset, dropped, timed out
-                last_error = _transport_error(exc, self.timeout_s)
-            else:
-                if status >= 500:
-                    last_error = f"HTTP {status}: {_server_message(content)}"
-                elif status >= 300:
-                    raise EngineError(f"SGLang at {self.url} refused the request (HTTP {status}): "
-                                      f"{_server_message(content)}", url=self.url, attempts=attempt + 1)
-                else:
-                    try:
-                        return parse_generate_response(json.loads(content))
-                    except ValueError as exc:  # json.JSONDecodeError and UnicodeDecodeError are ValueErrors too
-                        last_error = f"malformed response: {exc}"
-            logger.warning("SGLang /generate attempt %d/%d at %s failed: %s", attempt + 1, attempts, self.url,
-                           last_error)
-        raise EngineError(f"SGLang /generate at {self.url} failed after {attempts} attempts; last error: "
-                          f"{last_error}; is the server up (scripts/start_policy_server.sh) and --sglang-url right?",
-                          url=self.url, attempts=attempts)
+        try:
+            return await self._http.post(body, lambda content: parse_generate_response(json.loads(content)))
+        except RequestFailed as e:
+            if e.status is not None:
+                raise EngineError(f"SGLang at {self.url} refused the request (HTTP {e.status}): {e.detail}",
+                                  url=self.url, attempts=e.attempts) from None
+            raise EngineError(f"SGLang /generate at {self.url} failed after {e.attempts} attempts; last error: "
+                              f"{e.detail}; is the server up (scripts/start_policy_server.sh) and --sglang-url "
+                              "right?", url=self.url, attempts=e.attempts) from None
 
     async def aclose(self) -> None:
         """Close the HTTP session if this engine created it (a session passed in belongs to the caller)."""
-        if self._owns_session and self._session is not None:
-            await self._session.close()
-            self._session = None
+        await self._http.aclose()
 
 
 # ---------------------------------------------------------------------------------------------------------------

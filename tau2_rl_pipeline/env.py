@@ -12,6 +12,7 @@ an error observation and are never executed.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 import uuid
@@ -39,7 +40,7 @@ from tau2.user.base import BaseUser
 from tau2.user.user_simulator import UserSimulator
 from tau2.utils.utils import get_now
 
-from tau2_rl_pipeline.actions import ParsedAction, parse_completion
+from tau2_rl_pipeline.actions import ParsedAction, parse_completion, split_reasoning
 from tau2_rl_pipeline.fast_env import fast_domain, fast_environment
 from tau2_rl_pipeline.prompting import agent_system_prompt, to_agent_chat, tool_schemas
 
@@ -111,6 +112,7 @@ class Episode:
         self.done = False
         self.termination_reason: TerminationReason | None = None
         self._user_state: Any = None
+        self.user_wait_s = 0.0  # seconds awaiting an asynchronous user's model calls
         self._start_time = get_now()
         self._t0 = time.perf_counter()
         self._call_seq = 0
@@ -126,22 +128,33 @@ class Episode:
     # -- conversation start ---------------------------------------------------------------------
     def start(self) -> list[Message]:
         """Open the conversation as tau2's orchestrator does; returns the agent-visible messages so far."""
+        to_user = self._open()
+        if to_user is not None:
+            self._run_user(to_user)
+        return self.agent_view()
+
+    async def astart(self) -> list[Message]:
+        """`start` with an asynchronous user (`agenerate_next_message`), its model call awaited."""
+        to_user = self._open()
+        if to_user is not None:
+            await self._arun_user(to_user)
+        return self.agent_view()
+
+    def _open(self) -> Message | None:
+        """The conversation's start up to the user's first turn; the message the user answers first, if any."""
         if self._history:
             self._append(*self._history)
             last = self._history[-1]
             to_user = isinstance(last, AssistantMessage) and not last.is_tool_call()
-            if self.user is not None:
-                seen = self._history[:-1] if to_user else self._history
-                self._user_state = self.user.get_init_state(message_history=[m for m in seen if _user_visible(m)])
-                if to_user:
-                    self._run_user(last)
-        else:
-            greeting = deepcopy(DEFAULT_FIRST_AGENT_MESSAGE)
-            self._append(greeting)
-            self._user_state = self.user.get_init_state() if self.user else None
-            if self.user is not None:
-                self._run_user(greeting)
-        return self.agent_view()
+            if self.user is None:
+                return None
+            seen = self._history[:-1] if to_user else self._history
+            self._user_state = self.user.get_init_state(message_history=[m for m in seen if _user_visible(m)])
+            return last if to_user else None
+        greeting = deepcopy(DEFAULT_FIRST_AGENT_MESSAGE)
+        self._append(greeting)
+        self._user_state = self.user.get_init_state() if self.user else None
+        return greeting if self.user is not None else None
 
     def agent_view(self) -> list[dict]:
         """The conversation as the policy sees it, as chat messages (see prompting.to_agent_chat)."""
@@ -153,8 +166,31 @@ class Episode:
 
     def act(self, completion: str) -> ActResult:
         """Apply one policy completion (its decoded text): tool calls, a reply to the user, or an error."""
+        outcome = self._apply(completion)
+        if isinstance(outcome, ActResult):
+            return outcome
+        before = len(self.messages)
+        self._run_user(outcome)
+        return self._user_answer(before)
+
+    async def aact(self, completion: str) -> ActResult:
+        """`act` with an asynchronous user: its model call awaited, the rest (tools, parsing) run here."""
+        outcome = self._apply(completion)
+        if isinstance(outcome, ActResult):
+            return outcome
+        before = len(self.messages)
+        await self._arun_user(outcome)
+        return self._user_answer(before)
+
+    def _apply(self, completion: str) -> ActResult | AssistantMessage:
+        """The policy's side of a turn: its result, or the text message the user must answer next.
+
+        Reasoning (`<think>...</think>`, see actions.split_reasoning) stays in the sampled tokens only: the
+        recorded message, which the user simulator and tau2's evaluator read, holds the visible reply, and a tool
+        call written inside the reasoning is never parsed, let alone run."""
         if self.done:
             raise RuntimeError("episode is over")
+        completion = split_reasoning(completion)[1]
         action = self.parse(completion)
         self._count_foreign_calls(completion)
         if action.error is not None:
@@ -177,8 +213,9 @@ class Episode:
             return ActResult([], True)
         if self._check_limits():
             return ActResult([], True)
-        before = len(self.messages)
-        self._run_user(msg)
+        return msg
+
+    def _user_answer(self, before: int) -> ActResult:
         new = [m for m in self.messages[before:] if isinstance(m, UserMessage) and not m.is_tool_call()]
         return ActResult(new, self.done)
 
@@ -243,12 +280,38 @@ class Episode:
 
     # -- the user side ----------------------------------------------------------------------------
     def _run_user(self, message: Message) -> None:
-        """Let the user respond to `message`, running its own tool calls, until it speaks to the agent or stops."""
+        """Let a blocking user respond to `message` until it speaks to the agent or stops."""
+        turns = self._user_turns(message)
+        request = next(turns)
+        with contextlib.suppress(StopIteration):
+            while True:
+                try:
+                    reply = self.user.generate_next_message(request, self._user_state)
+                except Exception as e:  # the user LLM's failure is infrastructure: surface it, never score it
+                    raise UserSideError(f"user simulator failed: {type(e).__name__}: {e}") from e
+                request = turns.send(reply)
+
+    async def _arun_user(self, message: Message) -> None:
+        """`_run_user` for an asynchronous user: its model calls awaited on the event loop."""
+        turns = self._user_turns(message)
+        request = next(turns)
+        with contextlib.suppress(StopIteration):
+            while True:
+                t0 = time.perf_counter()
+                try:
+                    reply = await self.user.agenerate_next_message(request, self._user_state)
+                except Exception as e:  # the user LLM's failure is infrastructure: surface it, never score it
+                    raise UserSideError(f"user simulator failed: {type(e).__name__}: {e}") from e
+                finally:
+                    self.user_wait_s += time.perf_counter() - t0
+                request = turns.send(reply)
+
+    def _user_turns(self, message: Message):
+        """The user's side of an exchange, as a generator: it yields each message the user must answer, receives
+        (user message, user state) from the driver (`_run_user`, `_arun_user`), records the reply and runs the
+        user's own tool calls, until the user speaks to the agent or stops."""
         while True:
-            try:
-                user_msg, self._user_state = self.user.generate_next_message(message, self._user_state)
-            except Exception as e:  # the user LLM's failure is infrastructure: surface it, never score it
-                raise UserSideError(f"user simulator failed: {type(e).__name__}: {e}") from e
+            user_msg, self._user_state = yield message
             self._append(user_msg)
             self.step_count += 1
             if UserSimulator.is_stop(user_msg):

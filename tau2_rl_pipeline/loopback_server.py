@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import json
 import random
 import sys
@@ -21,6 +22,7 @@ import threading
 import time
 import uuid
 from collections import deque
+from collections.abc import Iterator
 from enum import Enum
 from collections.abc import Callable
 from pathlib import Path
@@ -109,13 +111,15 @@ def truncate_scripted(ids: list[int], rule: StopRule, max_new_tokens: int) -> tu
     return list(ids), "stop"  # a script that ends early is an EOS the caller chose not to spell out
 
 
-def parse_qwen3_tool_calls(text: str) -> tuple[str, list[dict[str, Any]]]:
+def parse_qwen3_tool_calls(text: str, ids: Iterator[int] | None = None) -> tuple[str, list[dict[str, Any]]]:
     """Split Qwen3 output into content and OpenAI `tool_calls` with the project's parser; output that does not
-    parse stays whole in the content, as text, with no tool calls."""
+    parse stays whole in the content, as text, with no tool calls. Call ids are numbered from `ids` (a server's
+    own count, so that two runs of one script get the same ids), else random."""
     action = parse_completion(text)
     if action.error is not None:
         return text.strip(), []
-    calls = [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+    calls = [{"id": f"call_{next(ids):024x}" if ids is not None else f"call_{uuid.uuid4().hex[:24]}",
+              "type": "function",
               "function": {"name": c.name, "arguments": json.dumps(c.arguments, ensure_ascii=False)}}
              for c in action.tool_calls]
     return action.content, calls
@@ -141,8 +145,8 @@ class LoopbackServer:
     the next model requests return instead of sampling (log-probs then come from the real model scoring those
     tokens teacher-forced, at the request's temperature, without top-k/top-p); `responder(path, input_ids)`, when
     set, may answer a request with token ids of its choosing (None: script or sample). `requests` holds every
-    (path, JSON body) received, in order, and `request_times` when each arrived (time.monotonic); `max_concurrent`
-    the peak number of model requests open at once.
+    (path, JSON body) received, in order (`raw_bodies`: their bytes; `request_times`: when each arrived, by
+    time.monotonic); `max_concurrent` the peak number of model requests open at once.
 
     Besides the model endpoints it answers what slime's end-of-rollout abort calls (slime/rollout/sglang_rollout.py
     `abort`): the router's `GET /workers`, a server's `POST /abort_request` (`abort_all`: every `/generate` in
@@ -168,6 +172,8 @@ class LoopbackServer:
         self.requests: list[tuple[str, Any]] = []
         self.request_times: list[float] = []
         self.responder: Callable[[str, list[int]], list[int] | None] | None = None
+        self.raw_bodies: list[bytes] = []  # the same requests' bodies, byte for byte
+        self._call_ids = itertools.count()
         self.max_concurrent = 0
         self.max_generating = 0  # peak number of /generate requests open at once
         self._recent_prompts: deque[list[int]] = deque(maxlen=PREFIX_CACHE_PROMPTS)
@@ -257,12 +263,14 @@ class LoopbackServer:
 
     # -- handlers -------------------------------------------------------------------------------------------
     async def _record(self, request: web.Request) -> Any:
-        """The request's JSON body (None if it has none), logged with its path and arrival time."""
+        """The request's JSON body (None if it has none), logged with its path, its bytes and its arrival time."""
+        raw = await request.read()
         try:
-            body = await request.json()
+            body = json.loads(raw)
         except ValueError:
             body = None
         self.requests.append((request.path, body))
+        self.raw_bodies.append(raw)
         self.request_times.append(time.monotonic())
         return body
 
@@ -334,14 +342,16 @@ class LoopbackServer:
     async def _run(self, input_ids: list[int], sampling: SamplingParams,
                    path: str = "/generate") -> tuple[GenerateResult, int | str | None]:
         """Sample (or replay the script or the responder's ids) and say which stop id/string ended it, as
-        SGLang's `matched` does."""
+        SGLang's `matched` does. A chosen answer is scored only where its log-probs are returned (`/generate`;
+        chat answers carry none)."""
         rule = self.engine.stop_rule(sampling)
         chosen = self.responder(path, input_ids) if self.responder is not None else None
         if chosen is None and self._script:
             chosen = self._script.popleft()
         if chosen is not None:
             ids, finish = truncate_scripted(chosen, rule, sampling.max_new_tokens)
-            logprobs = await asyncio.to_thread(self.engine.score, input_ids, ids, sampling.temperature)
+            logprobs = (await asyncio.to_thread(self.engine.score, input_ids, ids, sampling.temperature)
+                        if path == "/generate" else [0.0] * len(ids))
             result = GenerateResult(output_ids=ids, output_logprobs=logprobs, finish_reason=finish)
         else:
             result = await self.engine.generate(input_ids, sampling)
@@ -399,7 +409,7 @@ class LoopbackServer:
             seed=body.get("seed"))
         result, _ = await self._run(input_ids, sampling, "/v1/chat/completions")
         text = self.tokenizer.decode(result.output_ids, skip_special_tokens=True)
-        content, tool_calls = parse_qwen3_tool_calls(text)
+        content, tool_calls = parse_qwen3_tool_calls(text, self._call_ids)
         finish = "tool_calls" if tool_calls else result.finish_reason
         message = {"role": "assistant", "content": content if (content or not tool_calls) else None,
                    "tool_calls": tool_calls or None}

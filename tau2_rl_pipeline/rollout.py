@@ -9,10 +9,11 @@ episode ends as tau2 ends it (agent or user stop, max steps, max errors), or as 
 max_new_tokens, the context over max_context_len, max_turns), or as aborted when the engine or the user
 simulator fails for good: an infrastructure failure, recorded and never scored as the model's.
 
-The episode's blocking work (tau2 tools, the user simulator's HTTP call, evaluation) runs on a thread pool, so
+The episode's blocking work (tau2 tools, litellm's user-simulator call, evaluation) runs on a thread pool, so
 hundreds of episodes can be in flight on one event loop; with the scripted user and fast_env that work is a few
 milliseconds of CPU, and `episode_workers=0` runs it on the loop itself, sparing the thread hops and the GIL
-hand-offs that otherwise stall the loop (bench/README.md, P2).
+hand-offs that otherwise stall the loop (bench/README.md, P2). An asynchronous user (user_client.py) has its
+turns run on the loop whatever `episode_workers` says: its model call is awaited there, not blocked on.
 """
 
 from __future__ import annotations
@@ -182,8 +183,21 @@ async def run_episode(
     buf = TokenBuffer(prompt_ids=[])
     status, reason, error, turns = COMPLETED, None, None, 0
     turn_meta: list[dict] = []
+    if sampling.seed is not None and user is not None:
+        user.set_seed(sampling.seed)  # as tau2's orchestrator seeds its user with the simulation's seed
+    asynchronous = callable(getattr(user, "agenerate_next_message", None))
+
+    async def on_loop(key: str, coro_fn, *args):
+        """An asynchronous user's turn: awaited here (its model call), the rest of the work on the loop."""
+        await checkpoint()
+        t0 = time.perf_counter()
+        try:
+            return await coro_fn(*args)
+        finally:
+            clock.add(key, time.perf_counter() - t0)
+
     try:
-        view = await blocking("env_s", episode.start)
+        view = await (on_loop("env_s", episode.astart) if asynchronous else blocking("env_s", episode.start))
         buf.prompt_ids = await blocking("tokenize_s", template.first_prompt_ids, [system, *view], episode.tools)
         while not episode.done:
             room = cfg.max_context_len - len(buf)
@@ -208,7 +222,8 @@ async def run_episode(
                 status, reason = TRUNCATED, ("max_new_tokens" if len(buf) < cfg.max_context_len else "max_context_len")
                 break
             text = tokenizer.decode(result.output_ids, skip_special_tokens=False)
-            step = await blocking("env_s", episode.act, text)
+            step = await (on_loop("env_s", episode.aact, text) if asynchronous
+                          else blocking("env_s", episode.act, text))
             if step.done:
                 break
             closing = [] if result.output_ids[-1:] == [template.end_of_turn_id] else [template.end_of_turn_id]
@@ -225,6 +240,9 @@ async def run_episode(
                                      None if episode.done else TerminationReason.MAX_STEPS)
     if episode.done:
         reason = episode.termination_reason.value
+    if asynchronous:  # env_s holds the asynchronous user's waits: kept apart, as the user's own time
+        clock.add("user_s", episode.user_wait_s)
+        clock.add("env_s", -episode.user_wait_s)
     clock.add("total_s", time.perf_counter() - t_start)
     return Trajectory(
         domain=domain,

@@ -1,9 +1,12 @@
 """The user side of an episode, behind tau2's `BaseUser` interface.
 
-- `llm`: tau2's own `UserSimulator` over litellm (the real one): gpt-4.1 by default, or an SGLang server's
-  OpenAI-compatible endpoint at scale (`TAU2_USER_MODEL=openai/<served name>`, `TAU2_USER_API_BASE=http://host:port/v1`).
-  In telecom it gets the user's device tools, and its tool calls run on them. TAU2_USER_STRATEGY picks one of the
-  original tau-bench's strategies on top of it (user_strategies.py).
+- `llm`: tau2's own `UserSimulator` (the real one): gpt-4.1 by default, or an SGLang server's OpenAI-compatible
+  endpoint at scale (`TAU2_USER_MODEL=openai/<served name>`, `TAU2_USER_API_BASE=http://host:port/v1`). In telecom
+  it gets the user's device tools, and its tool calls run on them. `TAU2_USER_CLIENT` picks how it reaches its
+  model: over litellm on worker threads (provider models), or, by default for a local server, tau2's same
+  simulator whose call is one request awaited on the event loop (user_client.py: same requests, no thread).
+  TAU2_USER_STRATEGY picks one of the original tau-bench's strategies on top of it (user_strategies.py; its calls
+  go over litellm, so auto picks litellm then).
 - `scripted`: an offline user built from the task's scenario, for runs with no LLM at all (the demo, CI). It states
   the request and what it knows, performs the task's user-side gold actions when the agent replies (telecom device
   steps), then ends with ###STOP###. It is a plumbing and learning-signal check, not a tau2 user: scores with it are
@@ -22,6 +25,7 @@ from tau2.user.base import STOP, BaseUser, UserState
 from tau2.user.user_simulator import UserSimulator
 
 from tau2_rl_pipeline.config import Tau2Config
+from tau2_rl_pipeline.user_client import OPENAI_PREFIX, AsyncUserSimulator, chat_client
 from tau2_rl_pipeline.user_strategies import StrategyUser
 
 USER_KINDS = ("llm", "scripted")
@@ -103,7 +107,8 @@ def _mentions(action_name: str, text: str) -> bool:
 
 
 def llm_user_args(cfg: Tau2Config) -> dict:
-    """litellm arguments for tau2's UserSimulator; no secret is ever placed here (litellm reads keys from env)."""
+    """tau2's UserSimulator `llm_args` (litellm's arguments; the async client sends the same body); no secret is
+    ever placed here (litellm reads keys from env)."""
     args: dict = {"temperature": cfg.user_temperature, "num_retries": cfg.user_max_retries,
                   "timeout": cfg.user_timeout_s}
     if cfg.user_api_base:
@@ -116,12 +121,31 @@ def llm_user_args(cfg: Tau2Config) -> dict:
     return args
 
 
+def user_client_kind(cfg: Tau2Config) -> str:
+    """"async" or "litellm": TAU2_USER_CLIENT, with auto = async for a local OpenAI-compatible server (an API base
+    and an openai/ model), litellm otherwise."""
+    if cfg.user_client != "auto":
+        return cfg.user_client
+    if cfg.user_strategy != "llm":  # the strategies' extra calls go through tau2's generate (litellm)
+        return "litellm"
+    return "async" if cfg.user_api_base and cfg.user_model.startswith(OPENAI_PREFIX) else "litellm"
+
+
 def check_llm_user(cfg: Tau2Config) -> None:
-    """Fail early, in one line, when a remote user model has no API key (checked by name, never printed), or
-    when its blocking calls would run on the event loop."""
+    """Fail early, in one line, when a remote user model has no API key (checked by name, never printed), when
+    the async client has no server to talk to, or when litellm's blocking calls would run on the event loop."""
+    if user_client_kind(cfg) == "async":
+        if cfg.user_strategy != "llm":
+            raise UserConfigError(f"TAU2_USER_STRATEGY={cfg.user_strategy} makes its calls over litellm: set "
+                                  "TAU2_USER_CLIENT=litellm or auto")
+        if not cfg.user_api_base:
+            raise UserConfigError("TAU2_USER_CLIENT=async needs TAU2_USER_API_BASE (an OpenAI-compatible server, "
+                                  "e.g. http://127.0.0.1:30001/v1 from scripts/start_user_sim.sh)")
+        return
     if cfg.episode_workers == 0:
-        raise UserConfigError("TAU2_EPISODE_WORKERS=0 runs episode work on the event loop, which the LLM user "
-                              "simulator's blocking calls would stall: set it to 1 or more (default 64)")
+        raise UserConfigError("TAU2_EPISODE_WORKERS=0 runs episode work on the event loop, which litellm's "
+                              "blocking calls would stall: set it to 1 or more (default 64), or use the async "
+                              "client with a local server (TAU2_USER_CLIENT=async)")
     if cfg.user_api_base:
         return
     import litellm
@@ -134,21 +158,39 @@ def check_llm_user(cfg: Tau2Config) -> None:
             f"scripted user (--user scripted)")
 
 
+class LLMUserFactory:
+    """Builds tau2's LLM user per episode. With the async client, one HTTP client serves every user it builds
+    (the in-flight bound is per process); `aclose()` closes its session on the loop that used it."""
+
+    def __init__(self, cfg: Tau2Config):
+        self.cfg = cfg
+        self.args = llm_user_args(cfg)
+        self.client = None
+        if user_client_kind(cfg) == "async":
+            self.client = chat_client(cfg.user_api_base, timeout_s=cfg.user_timeout_s,
+                                      max_retries=cfg.user_max_retries, max_in_flight=cfg.user_max_in_flight)
+
+    def __call__(self, task: Task, environment: Environment) -> BaseUser:
+        tools = environment.get_user_tools() if environment.user_tools is not None else None
+        if self.client is not None:
+            return AsyncUserSimulator(self.client, tools=tools, instructions=str(task.user_scenario),
+                                      llm=self.cfg.user_model, llm_args=dict(self.args))
+        if self.cfg.user_strategy != "llm":  # the original tau-bench's strategies, on top of tau2's simulator
+            return StrategyUser(tools=tools, instructions=str(task.user_scenario), llm=self.cfg.user_model,
+                                llm_args=dict(self.args), strategy=self.cfg.user_strategy,
+                                max_checks=self.cfg.user_strategy_max_checks)
+        return UserSimulator(tools=tools, instructions=str(task.user_scenario), llm=self.cfg.user_model,
+                             llm_args=dict(self.args))
+
+    async def aclose(self) -> None:
+        if self.client is not None:
+            await self.client.aclose()
+
+
 def make_user_factory(kind: str, cfg: Tau2Config) -> UserFactory:
     if kind == "scripted":
         return lambda task, environment: ScriptedUser(task)
     if kind == "llm":
         check_llm_user(cfg)
-        args = llm_user_args(cfg)
-
-        def build(task: Task, environment: Environment) -> BaseUser:
-            tools = environment.get_user_tools() if environment.user_tools is not None else None
-            if cfg.user_strategy != "llm":  # the original tau-bench's strategies, on top of tau2's simulator
-                return StrategyUser(tools=tools, instructions=str(task.user_scenario), llm=cfg.user_model,
-                                    llm_args=dict(args), strategy=cfg.user_strategy,
-                                    max_checks=cfg.user_strategy_max_checks)
-            return UserSimulator(tools=tools, instructions=str(task.user_scenario), llm=cfg.user_model,
-                                 llm_args=dict(args))
-
-        return build
+        return LLMUserFactory(cfg)
     raise UserConfigError(f"unknown user kind {kind!r}; valid: {', '.join(USER_KINDS)}")

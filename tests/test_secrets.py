@@ -95,9 +95,11 @@ def planted(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setenv(name, value)
 
 
+@pytest.mark.parametrize("client", ["litellm", "async"])
 def test_user_simulator_failures_record_no_key(planted: None, tiny_engine: Any, caplog: pytest.LogCaptureFixture,
-                                               capfd: pytest.CaptureFixture) -> None:
-    """tau2's user simulator (litellm, reading OPENAI_API_KEY) against a server that fails half its requests."""
+                                               capfd: pytest.CaptureFixture, client: str) -> None:
+    """tau2's user simulator (litellm, or the async client; both read OPENAI_API_KEY) against a server that fails
+    half its requests."""
     from eval.runner import episode_record
 
     caplog.set_level("DEBUG")
@@ -107,7 +109,7 @@ def test_user_simulator_failures_record_no_key(planted: None, tiny_engine: Any, 
             # no user-simulator retries: the failures end episodes, so their error messages are recorded
             policy, user_server, proxy.base_url, load_tasks("mock", "base"), 12,
             Tau2Config.from_env({"TAU2_USER_MAX_RETRIES": "0"}),
-            engine_kwargs={"timeout_s": 3.0, "backoff_base_s": 0.02}))
+            engine_kwargs={"timeout_s": 3.0, "backoff_base_s": 0.02}, client=client))
     assert proxy.authorizations == {"Bearer " + PLANTED["OPENAI_API_KEY"]}  # the key was sent on every call
     assert any(t.error for t in trajectories)  # failures were recorded, error messages included
     records = [episode_record(t, sample=i, seed=0, started_at="", ended_at="", cfg=Tau2Config())

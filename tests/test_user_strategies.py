@@ -16,7 +16,7 @@ from tau2_rl_pipeline.user_strategies import (
     parse_reflection,
     strip_thought,
 )
-from tau2_rl_pipeline.users import make_user_factory
+from tau2_rl_pipeline.users import make_user_factory, user_client_kind
 
 GREETING = AssistantMessage(role="assistant", content="Hi! How can I help you today?")
 GOOD = "Please create a task called Buy groceries for me."
@@ -53,7 +53,7 @@ def _chat_bodies(server) -> list[dict]:
 
 def test_llm_is_tau2s_user_simulator_with_one_call(server, small_tokenizer):
     user = _user(server, "llm")
-    assert type(user).__name__ == "UserSimulator"  # the default path is tau2's, untouched
+    assert not isinstance(user, StrategyUser)  # the default path is tau2's simulator, whichever client it uses
     _say(server, small_tokenizer, GOOD)
     reply, _ = _first_message(user)
     assert reply.content == GOOD and len(_chat_bodies(server)) == 1
@@ -123,6 +123,17 @@ def test_a_failing_user_call_raises_so_the_episode_aborts(server, small_tokenize
     with pytest.raises(Exception, match="injected fault"):
         user.generate_next_message(GREETING, user.get_init_state())
     assert user.calls == 1 and len(_chat_bodies(server)) == 1
+
+
+def test_strategies_use_litellm_and_refuse_the_async_client(server):
+    from tau2_rl_pipeline.users import UserConfigError
+
+    env = {"TAU2_USER_MODEL": "openai/tiny", "TAU2_USER_API_BASE": server.base_url + "/v1"}
+    assert user_client_kind(Tau2Config.from_env(env)) == "async"  # a local server: async by default
+    assert user_client_kind(Tau2Config.from_env({**env, "TAU2_USER_STRATEGY": "verify"})) == "litellm"
+    with pytest.raises(UserConfigError, match="TAU2_USER_STRATEGY=react makes its calls over litellm"):
+        make_user_factory("llm", Tau2Config.from_env({**env, "TAU2_USER_STRATEGY": "react",
+                                                       "TAU2_USER_CLIENT": "async"}))
 
 
 def test_parsers():

@@ -1,6 +1,7 @@
 """slime's own rollout code (624b824) drives the plug-ins: `generate_rollout` (and the fully asynchronous rollout)
 calls tau2_rl_pipeline.slime_adapter.generate against the loopback server (SGLang's HTTP contract, a real tiny
-model) with tau2's LLM user reached through litellm, and slime's RolloutManager turns what comes back into train
+model) with tau2's LLM user on its OpenAI-compatible chat endpoint (the user client TAU2_USER_CLIENT picks: the
+asynchronous one for a served model, as at scale), and slime's RolloutManager turns what comes back into train
 data. Every fault found by running slime for real has a test here that failed on the earlier adapter."""
 
 from __future__ import annotations
@@ -92,7 +93,7 @@ def test_successful_episodes_train_exactly_the_policys_sampled_turns(slime_env, 
     json.dumps([s.metadata for s in samples])  # slime logs and ships metadata
     assert gc.get_freeze_count() > 0  # what was loaded before the first episode is out of the GC's full passes
     chats = [body for path, body in loopback.requests if path == "/v1/chat/completions"]
-    assert chats[0]["model"] == "tiny"  # tau2's LLM user through litellm's openai/ route
+    assert chats[0]["model"] == "tiny"  # tau2's LLM user, the provider prefix stripped as litellm's openai/ route does
     assert any(m["role"] == "system" for m in chats[0]["messages"])  # tau2's user-simulator prompt
     first = next(body for path, body in loopback.requests if path == "/generate")
     assert first["input_ids"] == samples[0].tokens[:len(first["input_ids"])]
