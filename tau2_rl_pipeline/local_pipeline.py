@@ -30,7 +30,7 @@ from tau2_rl_pipeline.config import Tau2Config, add_config_args, command_parser,
 from tau2_rl_pipeline.curriculum import CurriculumTracker
 from tau2_rl_pipeline.difficulty import filter_tasks, pass_rates
 from tau2_rl_pipeline.engines import SamplingParams, TransformersEngine
-from tau2_rl_pipeline.judge import JudgeClient, judge_trajectory
+from tau2_rl_pipeline.judge_reward import JudgeClient, judge_trajectory
 from tau2_rl_pipeline.local_report import ALGORITHMS, print_stage_table, stage_numbers, write_charts
 from tau2_rl_pipeline.reward import post_process, task_key
 from tau2_rl_pipeline.rft import select_rft

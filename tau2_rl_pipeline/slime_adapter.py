@@ -27,7 +27,7 @@ from tau2_rl_pipeline.config import Tau2Config
 from tau2_rl_pipeline.curriculum import CurriculumTracker, state_path
 from tau2_rl_pipeline.engines import SamplingParams, SGLangEngine
 from tau2_rl_pipeline.env import build_environment
-from tau2_rl_pipeline.judge import JudgeClient, judge_trajectory
+from tau2_rl_pipeline.judge_reward import JudgeClient, judge_trajectory
 from tau2_rl_pipeline.reward import (
     filter_equal_reward_groups,
     format_penalty,

@@ -10,10 +10,10 @@ import pytest
 from tau2.data_model.message import AssistantMessage, ToolCall, ToolMessage, UserMessage
 from tau2.data_model.simulation import RewardInfo
 
-from tau2_rl_pipeline import judge as judge_module
+from tau2_rl_pipeline import judge_reward as judge_module
 from tau2_rl_pipeline.config import Tau2Config
 from tau2_rl_pipeline.engines import SamplingParams
-from tau2_rl_pipeline.judge import (
+from tau2_rl_pipeline.judge_reward import (
     JudgeClient,
     JudgeError,
     judge_trajectory,

@@ -1,7 +1,7 @@
 """An LLM judge's rubric score of a whole conversation: an optional partial-score component (TAU2_USE_JUDGE).
 
     async with JudgeClient(cfg) as judge:
-        traj = await judge_trajectory(traj, task, judge)   # traj.judge_score in [0, 1], traj.judge_calls
+        traj = await judge_trajectory(traj, str(task.user_scenario), judge)  # judge_score in [0, 1], judge_calls
 
 The judge is any OpenAI-compatible `/chat/completions` endpoint (TAU2_JUDGE_API_BASE, e.g. an SGLang server)
 reached over aiohttp. It sees the user's scenario and the conversation (both sides, tool calls and results) and
