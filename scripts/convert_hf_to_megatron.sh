@@ -9,8 +9,8 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 source_model_args
 
-CONVERT_HF_DIR="${CONVERT_HF_DIR:-${BASE_HF_DIR}}"
-CONVERT_OUT_DIR="${CONVERT_OUT_DIR:-${BASE_TORCH_DIST_DIR}}"
+CONVERT_HF_DIR="$(abs_path "${CONVERT_HF_DIR:-${BASE_HF_DIR}}")" # the converter runs in SLIME_DIR
+CONVERT_OUT_DIR="$(abs_path "${CONVERT_OUT_DIR:-${BASE_TORCH_DIST_DIR}}")"
 CONVERT_GPU="${CONVERT_GPU:-${POLICY_GPUS%%,*}}"
 
 require_file "${CONVERT_HF_DIR}/config.json" "Hugging Face model (scripts/download.sh)"

@@ -10,9 +10,9 @@ set -euo pipefail
 # shellcheck source-path=SCRIPTDIR source=common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
-CKPT_IN="${CKPT_IN:-${SFT_CKPT_DIR}}"
-HF_OUT="${HF_OUT:-${SFT_HF_DIR}}"
-ORIGIN_HF_DIR="${ORIGIN_HF_DIR:-${BASE_HF_DIR}}"
+CKPT_IN="$(abs_path "${CKPT_IN:-${SFT_CKPT_DIR}}")" # relative paths from here: the converter runs in SLIME_DIR
+HF_OUT="$(abs_path "${HF_OUT:-${SFT_HF_DIR}}")"
+ORIGIN_HF_DIR="$(abs_path "${ORIGIN_HF_DIR:-${BASE_HF_DIR}}")"
 ITER="${ITER:-}"
 
 TRACKER="${CKPT_IN}/latest_checkpointed_iteration.txt"

@@ -14,6 +14,9 @@ Choices a reader could not guess:
 - JSON is read strictly: ``NaN``/``Infinity``, floats that overflow, and integers over 4300 digits are ``BAD_JSON``
   (such an int would make ``int()`` quadratic when the interpreter's digit limit is off), as is nesting deep enough
   to hit ``RecursionError``.
+- A string (key or value, at any depth) holding a lone UTF-16 surrogate, as a JSON escape such as ``"\\ud800"``
+  decodes to, is ``BAD_JSON``: it is not a character, and a tool that echoed it would put text no tokenizer or
+  UTF-8 encoder accepts into the next observation. An escaped surrogate *pair* is one character and is fine.
 - On any error the action has no calls and no content: nothing from a malformed completion is executed.
 - The format cannot carry a string argument containing ``</tool_call>`` (the template does not escape it); such a
   block is cut at that tag and fails as ``BAD_JSON``.
@@ -129,11 +132,34 @@ def _reject_constant(name: str) -> float:
 
 
 def _loads(text: str) -> object:
-    """json.loads that fails only with ValueError (bad JSON, NaN, huge int) for any input, nesting included."""
+    """json.loads that fails only with ValueError (bad JSON, NaN, huge int, a lone surrogate) for any input,
+    nesting included."""
     try:
-        return json.loads(text, parse_int=_strict_int, parse_float=_finite_float, parse_constant=_reject_constant)
+        value = json.loads(text, parse_int=_strict_int, parse_float=_finite_float, parse_constant=_reject_constant)
     except RecursionError:
         raise ValueError("JSON nested too deeply") from None
+    _reject_lone_surrogates(value)
+    return value
+
+
+def _reject_lone_surrogates(value: object) -> None:
+    """ValueError if any string in a decoded JSON value is not valid Unicode; walks with a stack (no recursion:
+    the value can be nested as deep as json.loads allows)."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if not item.isascii():
+                try:
+                    item.encode("utf-8")
+                except UnicodeEncodeError as exc:
+                    raise ValueError(f"a string holds a lone surrogate \\u{ord(item[exc.start]):04x}, which is not "
+                                     "a character; escape only valid characters or surrogate pairs") from None
+        elif isinstance(item, dict):
+            stack.extend(item)
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
 
 
 def _block_error(kind: ParseErrorKind, index: int, problem: str, hint: str = "") -> _BlockError:
@@ -165,8 +191,8 @@ def _parse_block(raw: str, index: int, allowed_tools: Collection[str] | None) ->
     if isinstance(arguments, str):
         try:
             arguments = _loads(arguments)
-        except ValueError:
-            problem = f'"arguments" string is not a JSON object: {_quote(call["arguments"])}'
+        except ValueError as exc:
+            problem = f'"arguments" string is not a JSON object ({exc}): {_quote(call["arguments"])}'
             raise _block_error(ParseErrorKind.BAD_ARGUMENTS, index, problem) from None
     if not isinstance(arguments, dict):
         problem = f'"arguments" must be a JSON object, got {type(arguments).__name__}'

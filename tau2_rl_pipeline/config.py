@@ -68,6 +68,20 @@ class Tau2Config:
     user_strategy_max_checks: int = field(default=2, metadata=_meta(
         "verify / reflection: checks of one user message; after this many failed checks the last message is "
         "kept", min_value=1))
+    # -- LLM judge: tau2 1.0.1's NL assertions (judge.py) and the TAU2_USE_JUDGE reward (judge_reward.py) --
+    judge_model: str = field(default="", metadata=_meta(
+        "litellm model name of the judge (tau2 1.0.1's NL assertions, and the rubric reward of TAU2_USE_JUDGE); "
+        "empty = tau2's default (gpt-4.1-2025-04-14); openai/<served name> with TAU2_JUDGE_API_BASE for a local "
+        "server (scripts/start_judge.sh)"))
+    judge_api_base: str = field(default="", metadata=_meta(
+        "API base of the judge, e.g. http://127.0.0.1:30002/v1; empty = the provider default"))
+    judge_timeout_s: float = field(default=120.0, metadata=_meta(
+        "seconds one judge call may take before it is retried", min_value=0.1))
+    judge_max_retries: int = field(default=4, metadata=_meta(
+        "retries of a failed judge call (errors, timeouts, answers tau2 cannot parse) before the episode ends "
+        "aborted", min_value=0))
+    judge_backoff_s: float = field(default=1.0, metadata=_meta(
+        "first wait before a judge retry, doubled each retry (at most 30 s)", min_value=0.0))
     # -- episode ----------------------------------------------------------------------------------
     max_steps: int = field(default=200, metadata=_meta(
         "tau2's max_steps: orchestrator steps before the episode ends as max_steps", min_value=1))
@@ -124,19 +138,10 @@ class Tau2Config:
         "the most the format penalty takes from one episode's shaped reward", min_value=0.0))
     use_judge: bool = field(default=False, metadata=_meta(
         "score each finished conversation with an LLM judge's rubric and add it as the partial score's judge "
-        "component (needs TAU2_JUDGE_MODEL and TAU2_JUDGE_API_BASE); a judge that fails after retries aborts the "
-        "episode, never scores it"))
-    judge_model: str = field(default="", metadata=_meta(
-        "model name sent to the judge's OpenAI-compatible /chat/completions endpoint"))
-    judge_api_base: str = field(default="", metadata=_meta(
-        "API base of the judge, e.g. http://127.0.0.1:30002/v1"))
+        "component (needs TAU2_JUDGE_MODEL and TAU2_JUDGE_API_BASE; timeout, retries and backoff are the "
+        "TAU2_JUDGE_* ones); a judge that fails after retries aborts the episode, never scores it"))
     judge_weight: float = field(default=0.2, metadata=_meta(
         "weight of the judge component beside the TAU2_PARTIAL_WEIGHTS components", min_value=0.0))
-    judge_timeout_s: float = field(default=60.0, metadata=_meta(
-        "seconds one judge call may take before it is retried", min_value=0.1))
-    judge_max_retries: int = field(default=3, metadata=_meta(
-        "retries of a failed judge call (errors, timeouts, a reply without a score) before the episode ends "
-        "aborted", min_value=0))
     # -- GRPO advantages and curriculum (reward.py, curriculum.py) -------------------------------
     use_curriculum: bool = field(default=True, metadata=_meta(
         "the original cookbook's curriculum switch: off = every task weighs 1.0 and tasks are drawn uniformly "

@@ -36,13 +36,14 @@ from tau2.environment.environment import Environment
 from tau2.evaluator.evaluator import EvaluationType, evaluate_simulation
 from tau2.orchestrator.orchestrator import DEFAULT_FIRST_AGENT_MESSAGE
 from tau2.registry import registry
-from tau2.user.base import BaseUser
 from tau2.user.user_simulator import UserSimulator
 from tau2.utils.utils import get_now
 
+from tau2_rl_pipeline import judge
 from tau2_rl_pipeline.actions import ParsedAction, parse_completion, split_reasoning
 from tau2_rl_pipeline.fast_env import fast_domain, fast_environment
 from tau2_rl_pipeline.prompting import agent_system_prompt, to_agent_chat, tool_schemas
+from tau2_rl_pipeline.tau2_version import BaseUser, needs_judge
 
 log = logging.getLogger(__name__)
 
@@ -375,11 +376,16 @@ class Episode:
         """tau2's own evaluation (EvaluationType.ALL); episodes not ended by agent or user stop score 0, as in tau2.
 
         A fast episode's evaluation runs on fast_env's environments unless `native` asks for tau2's own.
+        Raises judge.JudgeError when tau2 1.0.1's NL-assertion judge fails for good.
         """
         domain = fast_domain(self.domain) if self.fast and not native else self.domain
+        if needs_judge(self.task):
+            judge.active()  # tau2's NL assertions go to our judge client, never to tau2's unguarded call
         try:
             return evaluate_simulation(
                 self.simulation_run(termination_reason), self.task, EvaluationType.ALL, solo_mode=False, domain=domain)
+        except judge.JudgeError:
+            raise  # infrastructure: the caller aborts the episode, it is never scored
         except Exception as e:  # noqa: BLE001 - tau2's own checks raise on states they did not foresee
             # e.g. mock's env assertion raises "Task task_2 not found" when the agent never created task_2: the
             # episode's outcome, not infrastructure. Scored 0 with the reason kept, never silently.

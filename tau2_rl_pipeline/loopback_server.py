@@ -22,9 +22,8 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from enum import Enum
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -153,6 +152,9 @@ class LoopbackServer:
     flight returns at once with finish reason `abort`) and `GET /v1/loads`. `cached_tokens` is the longest prefix
     a prompt shares with a recent one, as SGLang's prefix cache reports it; `custom_params`
     `{"return_top_p_token_ids": true}` returns each sampled token's top-p nucleus (slime's top-p replay).
+
+    `chat_answer(body) -> str | None`, when set, gives the text of a `/v1/chat/completions` answer instead (e.g. a
+    judge's verdict, which a tiny model cannot give); None falls through to the responder, the script or the model.
     """
 
     def __init__(self, engine: TransformersEngine, *, model_name: str = "tiny", port: int = 0,
@@ -182,6 +184,7 @@ class LoopbackServer:
         self.port = port
         self._open = 0
         self._script: deque[list[int]] = deque()
+        self.chat_answer: Callable[[dict[str, Any]], str | None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._startup_error: BaseException | None = None
@@ -407,8 +410,13 @@ class LoopbackServer:
             temperature=float(body.get("temperature", 1.0)), top_p=float(body.get("top_p", 1.0)),
             max_new_tokens=int(max_tokens), stop=(stop,) if isinstance(stop, str) else tuple(stop),
             seed=body.get("seed"))
-        result, _ = await self._run(input_ids, sampling, "/v1/chat/completions")
-        text = self.tokenizer.decode(result.output_ids, skip_special_tokens=True)
+        answer = self.chat_answer(body) if self.chat_answer is not None else None
+        if answer is not None:
+            ids = self.tokenizer.encode(answer, add_special_tokens=False)
+            result, text = GenerateResult(output_ids=ids, output_logprobs=[0.0] * len(ids), finish_reason="stop"), answer
+        else:
+            result, _ = await self._run(input_ids, sampling, "/v1/chat/completions")
+            text = self.tokenizer.decode(result.output_ids, skip_special_tokens=True)
         content, tool_calls = parse_qwen3_tool_calls(text, self._call_ids)
         finish = "tool_calls" if tool_calls else result.finish_reason
         message = {"role": "assistant", "content": content if (content or not tool_calls) else None,

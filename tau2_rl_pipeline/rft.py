@@ -18,6 +18,7 @@ merge with the seed rows.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
@@ -60,14 +61,15 @@ def rft_row(record: dict, selected: str) -> dict:
 def select_rft(records: Iterable[dict], *, min_partial: float = MIN_PARTIAL, allow_partial: bool = True) -> list[dict]:
     """SFT rows from episode records: per task its successes, else (when allowed) its best completed episode by
     partial score if that reaches `min_partial`; aborted and truncated episodes never count. Identical
-    conversations are kept once. Rows come out in task order of first appearance, then sample order."""
+    conversations are kept once. Rows come out ordered by domain, task id (numbers in it compared as numbers) and
+    sample, whatever order the episodes finished in: a rerun selects the same rows in the same order."""
     by_task: dict[tuple[str, str], list[dict]] = defaultdict(list)
     for rec in records:
         if rec["status"] == "completed":
             by_task[(rec["domain"], rec["task_id"])].append(rec)
     rows: list[dict] = []
-    for recs in by_task.values():
-        recs = sorted(recs, key=lambda r: r["sample"])
+    for key in sorted(by_task, key=lambda k: (k[0], _natural(k[1]))):
+        recs = sorted(by_task[key], key=lambda r: r["sample"])
         wins = [r for r in recs if is_success(r["reward"])]
         if wins:
             rows += [rft_row(r, "success") for r in wins]
@@ -76,6 +78,12 @@ def select_rft(records: Iterable[dict], *, min_partial: float = MIN_PARTIAL, all
             if best["partial"] >= min_partial:
                 rows.append(rft_row(best, "partial"))
     return dedupe(rows)[0]
+
+
+def _natural(text: str) -> tuple:
+    """Sort key reading the digit runs of a task id as numbers ("2" before "10"); ties keep the plain text."""
+    parts = re.split(r"([0-9]+)", text)
+    return tuple((0, int(p), "") if p.isascii() and p.isdigit() else (1, 0, p) for p in parts if p), text
 
 
 def dedupe(rows: Sequence[dict]) -> tuple[list[dict], int]:
@@ -164,7 +172,7 @@ def print_table(stats: dict[str, dict[str, int]], title: str) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from eval.episodes_file import EpisodesFileError, read_episodes
+    from eval.episodes_file import EpisodesFileError, check_graded_by_installed_tau2, read_episodes
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False,
                                      epilog="Other options go to eval/eval_passk.py (e.g. --hf-checkpoint).")
@@ -194,6 +202,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 if code != 2:  # exit 2 is a setup error the evaluator already explained in one line
                     print(f"error: sampling failed (eval_passk exit {code}); see its messages above", file=sys.stderr)
                 return code
+        check_graded_by_installed_tau2(episodes)
         records = list(read_episodes(episodes).values())
         if args.episodes is None:  # the resumable episode file may also hold an earlier run's other domains
             domains = {d.strip() for d in args.domains.split(",")}

@@ -6,8 +6,9 @@ The first prompt is the chat template over tau2's agent system prompt, the tools
 as tau2's orchestrator makes it (the agent's greeting, the user's first message). Each policy turn appends the
 sampled ids with their log-probs (mask 1); each observation appends the template's token delta (mask 0). The
 episode ends as tau2 ends it (agent or user stop, max steps, max errors), or as truncated (a turn cut by
-max_new_tokens, the context over max_context_len, max_turns), or as aborted when the engine or the user
-simulator fails for good: an infrastructure failure, recorded and never scored as the model's.
+max_new_tokens, the context over max_context_len, max_turns), or as aborted when the engine, the user
+simulator or tau2 1.0.1's NL-assertion judge fails for good: an infrastructure failure, recorded and never scored
+as the model's.
 
 The episode's blocking work (tau2 tools, litellm's user-simulator call, evaluation) runs on a thread pool, so
 hundreds of episodes can be in flight on one event loop; with the scripted user and fast_env that work is a few
@@ -30,12 +31,14 @@ from tau2.data_model.message import Message
 from tau2.data_model.simulation import RewardInfo, TerminationReason
 from tau2.data_model.tasks import Task
 from tau2.environment.environment import Environment
-from tau2.user.base import BaseUser
 
+from tau2_rl_pipeline import judge
 from tau2_rl_pipeline.config import Tau2Config
 from tau2_rl_pipeline.engines import Engine, EngineError, SamplingParams
 from tau2_rl_pipeline.env import Episode, UserSideError
+from tau2_rl_pipeline.judge import JudgeError, JudgeUsage, episode_usage
 from tau2_rl_pipeline.prompting import to_agent_chat
+from tau2_rl_pipeline.tau2_version import BaseUser, needs_judge
 from tau2_rl_pipeline.tokens import ObservationTemplate, TokenBuffer, TopPSpans
 
 COMPLETED, TRUNCATED, ABORTED = "completed", "truncated", "aborted"
@@ -69,7 +72,8 @@ class Trajectory:
     turn_meta: list[dict] = field(default_factory=list)  # per policy turn: prompt_tokens, cached_tokens, weight_version
     top_p: TopPSpans | None = None  # each response token's top-p nucleus, when the engine was asked for it
     judge_score: float | None = None  # an LLM judge's rubric score in [0, 1] (TAU2_USE_JUDGE), else None
-    judge_calls: int = 0  # judge requests made for this episode, retries included
+    judge_calls: int = 0  # rubric-judge requests made for this episode, retries included (TAU2_USE_JUDGE)
+    judge: dict[str, int] = field(default_factory=dict)  # NL-assertion judge calls and tokens (tau2 1.0.1)
 
     @property
     def response_length(self) -> int:
@@ -175,6 +179,8 @@ async def run_episode(
         finally:
             clock.add(key, time.perf_counter() - t0)
 
+    if needs_judge(task):
+        judge.configure(cfg)  # tau2 1.0.1's NL assertions: this run's judge (kept when already installed)
     template = observation_template(tokenizer)
     episode = await blocking("env_s", lambda: Episode(domain, task, user, max_steps=cfg.max_steps,
                                                        max_errors=cfg.max_errors, environment=environment,
@@ -234,11 +240,15 @@ async def run_episode(
         status, reason, error = ABORTED, "user_simulator_error", str(e)
 
     reward_info = None
+    judge_usage = JudgeUsage()
     if status != ABORTED:
         # tau2 scores every run not ended by an agent or user stop as 0; truncations go through the same rule.
-        reward_info = await blocking("eval_s", episode.evaluate,
-                                     None if episode.done else TerminationReason.MAX_STEPS)
-    if episode.done:
+        try:
+            reward_info = await blocking("eval_s", _evaluate_counted, episode,
+                                         None if episode.done else TerminationReason.MAX_STEPS, judge_usage)
+        except JudgeError as e:  # tau2 1.0.1's NL-assertion judge failed for good: infrastructure, not scored
+            status, reason, error = ABORTED, "judge_error", str(e)
+    if episode.done and status != ABORTED:
         reason = episode.termination_reason.value
     if asynchronous:  # env_s holds the asynchronous user's waits: kept apart, as the user's own time
         clock.add("user_s", episode.user_wait_s)
@@ -267,4 +277,14 @@ async def run_episode(
         refused_call_ids=sorted(episode.refused_call_ids),
         turn_meta=turn_meta,
         top_p=TopPSpans(buf.top_p_ids, buf.top_p_offsets) if buf.top_p_offsets is not None else None,
+        judge=judge_usage.to_dict(),
     )
+
+
+def _evaluate_counted(episode: Episode, reason: TerminationReason | None, usage: JudgeUsage) -> RewardInfo:
+    """tau2's evaluation of `episode`, adding the judge calls it made (on this thread) to `usage`."""
+    with episode_usage() as used:
+        try:
+            return episode.evaluate(reason)
+        finally:
+            usage.add(used)

@@ -19,19 +19,11 @@ from typing import TYPE_CHECKING
 import tau2_rl_pipeline  # noqa: F401  (quiet logging, offline litellm before tau2 loads)
 from tau2_rl_pipeline.config import command_parser
 from tau2_rl_pipeline.files import atomic_write_bytes
+from tau2_rl_pipeline.tau2_version import DOMAINS, SPLITS, TASK_SETS, UNSUPPORTED
 
 if TYPE_CHECKING:
     from tau2.data_model.tasks import Task
 
-DOMAINS = ("airline", "retail", "telecom", "mock")
-# Splits a domain declares; telecom's "small" and "full" are separate task sets in tau2's registry.
-SPLITS = {
-    "airline": ("train", "test", "base"),
-    "retail": ("train", "test", "base"),
-    "telecom": ("train", "test", "base", "small", "full"),
-    "mock": ("base",),
-}
-_TELECOM_TASK_SETS = {"small": "telecom_small", "full": "telecom_full"}
 
 
 class TaskLookupError(ValueError):
@@ -39,6 +31,8 @@ class TaskLookupError(ValueError):
 
 
 def check_domain(domain: str) -> str:
+    if domain in UNSUPPORTED:
+        raise TaskLookupError(UNSUPPORTED[domain])
     if domain not in SPLITS:
         raise TaskLookupError(f"unknown domain {domain!r}; valid domains: {', '.join(DOMAINS)}")
     return domain
@@ -56,10 +50,10 @@ def check_split(domain: str, split: str) -> str:
 def _load(domain: str, split: str) -> tuple["Task", ...]:
     from tau2.registry import registry
 
-    if domain == "telecom" and split in _TELECOM_TASK_SETS:
-        return tuple(registry.get_tasks_loader(_TELECOM_TASK_SETS[split])())
-    if domain == "mock":
-        return tuple(registry.get_tasks_loader("mock")())
+    if (domain, split) in TASK_SETS:
+        return tuple(registry.get_tasks_loader(TASK_SETS[domain, split])())
+    if SPLITS[domain] == ("base",):  # no split file (mock, banking_knowledge): the whole set
+        return tuple(registry.get_tasks_loader(domain)())
     return tuple(registry.get_tasks_loader(domain)(split))
 
 

@@ -10,6 +10,7 @@ the model never produced.
 from __future__ import annotations
 
 import json
+import re
 import threading
 from dataclasses import dataclass, field
 
@@ -17,6 +18,7 @@ from tau2_rl_pipeline.prompting import render
 
 _ANCHOR = [{"role": "assistant", "content": "x"}]
 _UNSEEN = object()
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")  # in a Python str every surrogate code point is a lone one
 SYSTEM_TURNS_KEPT = 32  # system prompt + tool set pairs whose tokens are kept (a few per domain in practice)
 
 
@@ -83,9 +85,25 @@ class ObservationTemplate:
         return [*head, *self._encode(text[cut:])] if fits else self._encode(text)
 
     def _encode(self, text: str) -> list[int]:
+        try:
+            return self._encode_unicode(text)
+        except (TypeError, UnicodeEncodeError):  # what tokenizers raise on a lone surrogate
+            valid = valid_unicode(text)
+            if valid == text:
+                raise
+            return self._encode_unicode(valid)
+
+    def _encode_unicode(self, text: str) -> list[int]:
         if self._backend is not None:
             return self._backend.encode_batch([text], add_special_tokens=False)[0].ids
         return self.tokenizer.encode(text, add_special_tokens=False)
+
+
+def valid_unicode(text: str) -> str:
+    """`text` with each lone UTF-16 surrogate replaced by U+FFFD. The policy's own turns never hold one (they are
+    decoded from token ids, and the parser refuses JSON escapes of one), but a user simulator's JSON reply or a
+    tool result can: what the policy then observes is U+FFFD, and the episode goes on."""
+    return _LONE_SURROGATE.sub("\ufffd", text)
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,9 @@ import math
 import os
 import random
 import shutil
+import sys
 import tempfile
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
@@ -211,9 +213,22 @@ def _chunks(items: Sequence[Any], size: int) -> list[Sequence[Any]]:
 
 @contextmanager
 def _progress(description: str, total: int) -> Iterator[Callable[..., None]]:
-    """A rich progress bar; yields advance(**fields). Nests under a caller's own bar (rich >= 14)."""
+    """A rich progress bar on a terminal; yields advance(status). Nests under a caller's own bar (rich >= 14).
+    When stderr is not a terminal (a log file, CI) a bar shows nothing until it ends: one line per step instead."""
+    from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    if not Console(stderr=True).is_terminal:
+        t0, done = time.perf_counter(), 0
+
+        def log_line(status: str = "") -> None:
+            nonlocal done
+            done += 1
+            print(f"{description} {done}/{total} {status} ({time.perf_counter() - t0:.1f}s)".replace("  ", " "),
+                  file=sys.stderr, flush=True)
+
+        yield log_line
+        return
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   TextColumn("{task.fields[status]}")) as bar:
         task = bar.add_task(description, total=total, status="")

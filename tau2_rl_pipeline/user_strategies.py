@@ -16,12 +16,16 @@ rewritten or checked: they run on the device as the model asked. `calls` counts 
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tau2.data_model.message import SystemMessage, UserMessage
-from tau2.user.base import UserState, ValidUserInputMessage
 from tau2.user.user_simulator import UserSimulator
 from tau2.utils.llm_utils import generate
+
+from tau2_rl_pipeline.tau2_version import UserState
+
+if TYPE_CHECKING:
+    from tau2.user.base import ValidUserInputMessage
 
 STRATEGIES = ("llm", "react", "verify", "reflection")
 

@@ -21,11 +21,11 @@ from typing import Callable, Optional
 from tau2.data_model.message import Message, ToolCall, UserMessage
 from tau2.data_model.tasks import Task
 from tau2.environment.environment import Environment
-from tau2.user.base import STOP, BaseUser, UserState
 from tau2.user.user_simulator import UserSimulator
 
 from tau2_rl_pipeline.config import Tau2Config
 from tau2_rl_pipeline.user_client import OPENAI_PREFIX, AsyncUserSimulator, chat_client
+from tau2_rl_pipeline.tau2_version import STOP, BaseUser, UserState
 from tau2_rl_pipeline.user_strategies import StrategyUser
 
 USER_KINDS = ("llm", "scripted")

@@ -77,3 +77,40 @@ def loopback(tiny_engine: Any) -> Iterator[Any]:
 
     with LoopbackServer(tiny_engine) as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def loopback_judge(tiny_engine: Any) -> Iterator[Any]:
+    """A loopback server answering tau2 1.0.1's NL-assertion judge prompts (tests/judge_double.py), made the judge
+    of every run for the whole session through the TAU2_JUDGE_* variables (subprocesses included)."""
+    from judge_double import judge_answer
+
+    from tau2_rl_pipeline import judge
+    from tau2_rl_pipeline.config import Tau2Config
+    from tau2_rl_pipeline.loopback_server import LoopbackServer
+
+    with LoopbackServer(tiny_engine, model_name="judge") as server:
+        server.chat_answer = judge_answer()
+        settings = {"TAU2_JUDGE_MODEL": "openai/judge", "TAU2_JUDGE_API_BASE": f"{server.base_url}/v1",
+                    "TAU2_JUDGE_MAX_RETRIES": "1", "TAU2_JUDGE_BACKOFF_S": "0.01", "TAU2_JUDGE_TIMEOUT_S": "30"}
+        saved = {k: os.environ.get(k) for k in settings}
+        os.environ.update(settings)
+        server.cfg = Tau2Config.from_env()
+        judge.configure(server.cfg)
+        try:
+            yield server
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _judge_for_tau2_v1(request: pytest.FixtureRequest) -> None:
+    """On tau2 1.0.1, retail is graded by an LLM judge: every test evaluates with the loopback judge."""
+    from tau2_rl_pipeline.tau2_version import V1
+
+    if V1:
+        request.getfixturevalue("loopback_judge")

@@ -10,6 +10,7 @@ per output.
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 from typing import Any
 
@@ -149,3 +150,45 @@ def test_forbidden_names_and_wrong_types_are_refused_and_change_no_database(doma
     assert ep.unknown_tool_calls == forbidden and ep.refused_calls == len(calls) - forbidden
     if domain == "telecom":
         assert ep.user_tool_calls_by_agent == len(ep.user_tool_names) > 0
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# JSON escapes: the text a model writes is ASCII, but its JSON escapes can decode to anything (lone surrogates
+# among them), which then reaches tools, their results and the next observation's tokenization.
+
+ESCAPES = st.sampled_from(["\\ud800", "\\udfff", "\\udc00\\ud800", "\\ud83d\\ude00", "\\ud83d", "\\u0000", "\\u001f",
+                           "\\u00e9", "\\uffff", "\\ufffe", '\\"', "\\\\", "\\/", "\\n", "\\t", "\\b", "\\u2028",
+                           "<|im_end|>", "x", " "])
+ESCAPED_STRING = st.lists(ESCAPES, min_size=1, max_size=6).map("".join)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                 HealthCheck.function_scoped_fixture])
+@given(title=ESCAPED_STRING, key=st.sampled_from(["title", "user_id", "description", "\\ud800"]))
+def test_json_escapes_in_a_tool_call_never_end_an_episode(small_tokenizer: Any, title: str, key: str) -> None:
+    """A call whose string arguments (or keys) hold JSON escapes, run as the policy's reply in a live mock episode
+    through run_episode (every caller's path): the tool result echoes the string back into the next observation.
+    Scored as the model's episode, never aborted or raised; a lone surrogate is refused by the parser."""
+    text = (f'<tool_call>\n{{"name": "create_task", "arguments": {{"user_id": "user_1", "{key}": "{title}"}}}}\n'
+            "</tool_call>")
+    (t,) = asyncio.run(faults.live_bad_output_episodes(small_tokenizer, [text], Tau2Config.from_env({})))
+    assert t.status in (COMPLETED, TRUNCATED) and t.reward_info is not None, t.error
+    assert len(t.loss_mask) == len(t.response_ids) == len(t.rollout_logprobs)
+    action = parse_completion(text, allowed_tools=set(faults.MOCK_TOOLS))
+    if action.error is None:
+        json.dumps([c.arguments for c in action.tool_calls], ensure_ascii=False).encode("utf-8")  # valid Unicode
+    else:
+        assert t.parse_errors == 1
+
+
+def test_a_lone_surrogate_escape_is_a_parse_error_that_says_so() -> None:
+    for text in ('{"name": "create_task", "arguments": {"user_id": "\\ud800"}}',
+                 '{"name": "create_task", "arguments": {"\\udc00": "x"}}',
+                 '{"name": "create_task", "arguments": "{\\"user_id\\": \\"\\\\ud800\\"}"}',
+                 '{"name": "create_task", "arguments": {"user_id": ["ok", {"a": "\\udfff"}]}}'):
+        action = parse_completion(f"<tool_call>\n{text}\n</tool_call>", allowed_tools=set(faults.MOCK_TOOLS))
+        assert action.error is not None and "surrogate" in action.error.message, text
+        action.error.message.encode("utf-8")
+    pair = parse_completion('<tool_call>\n{"name": "create_task", "arguments": {"title": "\\ud83d\\ude00"}}\n'
+                            "</tool_call>", allowed_tools=set(faults.MOCK_TOOLS))
+    assert pair.error is None and pair.tool_calls[0].arguments == {"title": "\U0001f600"}  # a pair is one character

@@ -8,6 +8,7 @@ tests/test_eval_passk.py; these cover the other entry points and the library err
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -100,3 +101,14 @@ def test_an_unreachable_policy_server_is_named_in_one_line() -> None:
 def test_an_unreachable_policy_server_error_says_what_to_do() -> None:
     message = _unreachable_error()
     assert "scripts/start_policy_server.sh" in message or "--sglang-url" in message
+
+
+def test_a_demo_report_of_another_tau2_is_not_resumed(tmp_path, capsys):
+    from tau2_rl_pipeline.local_pipeline import main
+
+    (tmp_path / "report.json").write_text(json.dumps({"benchmark": {"tau2_version": "0.9", "task_set_hash": "x"},
+                                                      "stages": {"base": {}}}))
+    assert main(["--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "was produced with tau2 0.9, this run uses tau2" in err and "\n" not in err
+    assert json.loads((tmp_path / "report.json").read_text())["benchmark"]["tau2_version"] == "0.9"  # untouched

@@ -52,9 +52,11 @@ from tau2_rl_pipeline.users import make_user_factory
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 MOCK_IDS = [t.id for t in load_tasks("mock", "base")]
+N_MOCK = len(MOCK_IDS)  # 9 on tau2 26.3, 10 on 1.0.1
 SMALL = ["--user", "scripted", "--domains", "mock", "--task-split", "base", "--num-samples", "2",
          "--max-new-tokens", "12", "--max-turns", "3", "--temperature", "1.0", "--top-p", "1.0", "--top-k", "-1"]
 SECRET = "sk-planted-SECRET-0123456789"
+BENCH = {"tau2_version": "26.3", "task_set_hash": "0123456789abcdef"}
 
 
 def run_cli(*argv: str) -> tuple[int, str, str]:
@@ -83,7 +85,7 @@ def outcome(rec: dict) -> tuple:
 
 @pytest.fixture(scope="module")
 def mock_run(tiny_small_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
-    """One complete local-backend run on the mock domain (9 tasks x 2 samples)."""
+    """One complete local-backend run on the mock domain (all its tasks x 2 samples)."""
     summary = tmp_path_factory.mktemp("mock_run") / "run.json"
     rc, out, err = run_cli("--backend", "local", "--model", str(tiny_small_dir), *SMALL, "--output", str(summary))
     assert rc == 0, err
@@ -97,27 +99,28 @@ def test_mock_run_writes_every_output(mock_run: dict) -> None:
     paths = mock_run["paths"]
     summary = json.loads(paths["summary"].read_text())
     mock = summary["metrics"]["domains"]["mock"]
-    assert (mock["n_tasks"], mock["n_episodes"], mock["k_values"]) == (9, 18, [1, 2])
+    assert (mock["n_tasks"], mock["n_episodes"], mock["k_values"]) == (N_MOCK, 2 * N_MOCK, [1, 2])
     assert {"pass@1", "pass@2", "pass^1", "pass^2", "mean_partial"} <= set(mock["metrics"])
-    assert summary["metrics"]["overall"]["micro"]["pass^2"]["n_episodes"] == 18
+    assert summary["metrics"]["overall"]["micro"]["pass^2"]["n_episodes"] == 2 * N_MOCK
     assert set(mock["failures"]["categories"]) >= {"parse_errors", "premature_stop", "truncated", "aborted"}
-    assert summary["settings"]["user"] == "scripted" and summary["episodes"]["planned"] == 18
+    assert summary["settings"]["user"] == "scripted" and summary["episodes"]["planned"] == 2 * N_MOCK
     records = read_episodes(paths["episodes"])
     assert set(records) == {("mock", t, s) for t in MOCK_IDS for s in range(2)}
     rec = records[("mock", MOCK_IDS[0], 0)]
     assert rec["seed"] == episode_seed(300, "mock", MOCK_IDS[0], 0)
     assert rec["tokens"]["prompt"] > 0 and "prompt_ids" not in rec and rec["messages"]
     assert paths["chart"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert "pass^2" in mock_run["stdout"] and "T=9 tasks, E=18 eps" in mock_run["stdout"]
+    assert "pass^2" in mock_run["stdout"] and f"T={N_MOCK} tasks, E={2 * N_MOCK} eps" in mock_run["stdout"]
     assert "Failure taxonomy" in mock_run["stdout"]
-    assert re.search(r"18/18 +pass \d+/18 = \d\.\d{3}, aborted 0", mock_run["stderr"])  # the progress bar
+    n = 2 * N_MOCK
+    assert re.search(rf"{n}/{n} +pass \d+/{n} = \d\.\d{{3}}, aborted 0", mock_run["stderr"])  # the progress bar
 
 
 def test_results_file_loads_with_tau2_and_its_metrics_agree(mock_run: dict) -> None:
     paths = mock_run["paths"]
     results = Results.load(paths["tau2_mock"])
     summary = json.loads(paths["summary"].read_text())
-    assert len(results.simulations) == 18 and {t.id for t in results.tasks} == set(MOCK_IDS)
+    assert len(results.simulations) == 2 * N_MOCK and {t.id for t in results.tasks} == set(MOCK_IDS)
     assert results.info.num_trials == 2 and results.info.environment_info.domain_name == "mock"
     theirs = compute_metrics(results)
     ours = summary["metrics"]["domains"]["mock"]["metrics"]
@@ -158,7 +161,7 @@ def test_a_resumed_run_retries_aborted_episodes_and_keeps_one_line_each(mock_run
     result = json.loads(summary.read_text())
     assert result["episodes"]["ran_this_invocation"] == 1 and result["episodes"]["aborted"] == []
     again = episode_lines(lines)
-    assert len(again) == 18 and len({episode_key(r) for r in again}) == 18
+    assert len(again) == 2 * N_MOCK and len({episode_key(r) for r in again}) == 2 * N_MOCK
     original = read_episodes(src["episodes"])
     assert outcome(read_episodes(lines)[episode_key(victim)]) == outcome(original[episode_key(victim)])
     assert result["metrics"] == json.loads(src["summary"].read_text())["metrics"]
@@ -234,14 +237,14 @@ def test_sigkill_then_resume_equals_an_uninterrupted_run(tiny_engine, tiny_small
                 proc.wait(timeout=60)
         assert proc.returncode == -signal.SIGKILL
         _, before, _ = parse_lines(episodes.read_bytes())
-        assert 3 <= len(before) < 18 and not killed.exists()  # killed mid-way, no summary
+        assert 3 <= len(before) < 2 * N_MOCK and not killed.exists()  # killed mid-way, no summary
 
         rc, _, err = run_cli(*base, "--output", str(killed))
         assert rc == 0, err
     resumed = json.loads(killed.read_text())
-    assert resumed["episodes"]["ran_this_invocation"] == 18 - len(pick_records(before))
+    assert resumed["episodes"]["ran_this_invocation"] == 2 * N_MOCK - len(pick_records(before))
     lines = episode_lines(episodes)
-    assert len(lines) == len({episode_key(r) for r in lines}) == 18  # nothing lost, nothing twice
+    assert len(lines) == len({episode_key(r) for r in lines}) == 2 * N_MOCK  # nothing lost, nothing twice
     reference = read_episodes(outputs(full, ["mock"])["episodes"])
     assert set(read_episodes(episodes)) == set(reference)
     assert {k: outcome(r) for k, r in read_episodes(episodes).items()} == {k: outcome(r) for k, r in reference.items()}
@@ -258,9 +261,9 @@ def test_two_rollout_processes_write_the_run_of_one(tiny_engine, tiny_small_dir:
             rc, _, err = run_cli(*base, "--procs", procs, "--output", str(runs[procs]))
             assert rc == 0, err
     one, two = (json.loads(runs[p].read_text()) for p in ("1", "2"))
-    assert two["settings"]["procs"] == 2 and two["episodes"]["ran_this_invocation"] == 18
+    assert two["settings"]["procs"] == 2 and two["episodes"]["ran_this_invocation"] == 2 * N_MOCK
     lines = episode_lines(outputs(runs["2"], ["mock"])["episodes"])
-    assert len(lines) == len({episode_key(r) for r in lines}) == 18  # one writer: every episode once
+    assert len(lines) == len({episode_key(r) for r in lines}) == 2 * N_MOCK  # one writer: every episode once
     assert ({k: outcome(r) for k, r in read_episodes(outputs(runs["2"], ["mock"])["episodes"]).items()}
             == {k: outcome(r) for k, r in read_episodes(outputs(runs["1"], ["mock"])["episodes"]).items()})
     assert two["metrics"] == one["metrics"]
@@ -494,20 +497,35 @@ def test_pick_records_prefers_the_last_finished_episode() -> None:
 
 def test_append_after_a_torn_tail_truncates_it_first(tmp_path: Path) -> None:
     path = tmp_path / "e.jsonl"
-    log = EpisodesFile(path, {"seed": 1})
+    log = EpisodesFile(path, {"seed": 1}, benchmark=BENCH)
     log.open_for_append()
     log.append(_rec("t", 0))
     log.close()
     with open(path, "ab") as f:
         f.write(b'{"domain": "mock", "task_')  # a write cut by SIGKILL
-    again = EpisodesFile(path, {"seed": 1})
+    again = EpisodesFile(path, {"seed": 1}, benchmark=BENCH)
     assert list(again.load()) == [("mock", "t", 0)]
     again.open_for_append()
     again.append(_rec("t", 1))
     again.close()
     assert list(read_episodes(path)) == [("mock", "t", 0), ("mock", "t", 1)]
     with pytest.raises(EpisodesFileError, match=r"other settings \(seed\)"):
-        EpisodesFile(path, {"seed": 2}).load()
+        EpisodesFile(path, {"seed": 2}, benchmark=BENCH).load()
+
+
+def test_an_episode_file_of_another_tau2_version_or_task_set_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "e.jsonl"
+    log = EpisodesFile(path, {"seed": 1}, benchmark=BENCH)
+    log.open_for_append()
+    log.append(_rec("t", 0))
+    log.close()
+    other_version = {**BENCH, "tau2_version": "1.0.1"}
+    with pytest.raises(EpisodesFileError, match=r"produced with tau2 26\.3, this run uses tau2 1\.0\.1") as e:
+        EpisodesFile(path, {"seed": 1}, benchmark=other_version).load()
+    assert "\n" not in str(e.value)
+    with pytest.raises(EpisodesFileError, match="another task set"):
+        EpisodesFile(path, {"seed": 1}, benchmark={**BENCH, "task_set_hash": "0" * 16}).load()
+    assert list(EpisodesFile(path, {"seed": 1}, benchmark=dict(BENCH)).load()) == [("mock", "t", 0)]
 
 
 def test_episode_seed_depends_on_every_part_of_the_key() -> None:

@@ -20,8 +20,8 @@ from tau2_rl_pipeline.judge_reward import (
     parse_score,
     render_conversation,
 )
-from tau2_rl_pipeline.local_pipeline import LocalSample as Sample
-from tau2_rl_pipeline.local_pipeline import _grpo_rollouts
+from tau2_rl_pipeline.local_grpo import LocalSample as Sample
+from tau2_rl_pipeline.local_grpo import _rollouts as _grpo_rollouts
 from tau2_rl_pipeline.loopback_server import Fault, LoopbackServer
 from tau2_rl_pipeline.rollout import ABORTED, COMPLETED, Trajectory
 from tau2_rl_pipeline.slime_adapter import fill_sample
@@ -43,13 +43,8 @@ def server(tiny_engine):
         yield srv
 
 
-@pytest.fixture(autouse=True)
-def no_backoff(monkeypatch):
-    monkeypatch.setattr(judge_module, "BACKOFF_S", 0.0)
-
-
 def _cfg(server, **env: str) -> Tau2Config:
-    return Tau2Config.from_env({"TAU2_USE_JUDGE": "1", "TAU2_JUDGE_MODEL": "tiny",
+    return Tau2Config.from_env({"TAU2_USE_JUDGE": "1", "TAU2_JUDGE_MODEL": "openai/tiny", "TAU2_JUDGE_BACKOFF_S": "0",
                                 "TAU2_JUDGE_API_BASE": server.base_url + "/v1", **env})
 
 
@@ -82,7 +77,8 @@ def test_the_judge_reads_the_whole_conversation_and_its_score_lands_in_the_traje
     assert traj.judge_score == pytest.approx(0.8) and traj.judge_calls == 1 and traj.status == COMPLETED
     ((_, body),) = server.requests
     system, user = body["messages"]
-    assert body["model"] == "tiny" and "Important Meeting." in system["content"] and "SCORE" in system["content"]
+    assert body["model"] == "tiny"  # TAU2_JUDGE_MODEL=openai/tiny (litellm's name) is sent as the served name
+    assert "Important Meeting." in system["content"] and "SCORE" in system["content"]
     assert 'agent calls create_task({"title": "Important Meeting", "user_id": "user_1"})' in user["content"]
     assert "customer: Create a task" in user["content"] and "...[cut]" in user["content"]
 
@@ -94,6 +90,23 @@ def test_failed_calls_are_retried_and_counted(server, small_tokenizer):
     _say(server, small_tokenizer, "I liked it.", "SCORE: 6")  # a reply without a score is retried too
     traj = _judge(_cfg(server, TAU2_JUDGE_MAX_RETRIES="4"), _traj())
     assert traj.judge_score == pytest.approx(0.6) and traj.judge_calls == 5 and len(server.requests) == 5
+
+
+def test_retries_wait_judge_backoff_s_doubled(server, small_tokenizer, monkeypatch):
+    """TAU2_JUDGE_BACKOFF_S (shared with tau2 1.0.1's NL-assertion judge) sets the first wait, doubled per retry."""
+    waits: list[float] = []
+    sleep = asyncio.sleep
+
+    async def recorded(delay, *args, **kwargs):
+        waits.append(delay)
+        return await sleep(0, *args, **kwargs)
+
+    monkeypatch.setattr(judge_module.asyncio, "sleep", recorded)
+    server.faults.fail_next(2, Fault.ERROR_500)
+    _say(server, small_tokenizer, "SCORE: 9")
+    traj = _judge(_cfg(server, TAU2_JUDGE_BACKOFF_S="0.25"), _traj())
+    assert traj.judge_score == pytest.approx(0.9) and traj.judge_calls == 3
+    assert [w for w in waits if w > 0] == [0.25, 0.5]
 
 
 def test_a_hung_judge_times_out_and_is_retried(server, small_tokenizer):

@@ -5,11 +5,13 @@ shows on every test task, oracle and perturbed, that they score exactly as tau2'
 """
 
 import pytest
+from task_sample import test_tasks
 
 from tau2_rl_pipeline.oracle import gold_actions, last_write_index, replay_gold_actions
 from tau2_rl_pipeline.tasks import load_tasks
+from tau2_rl_pipeline.tau2_version import V1
 
-TEST_TASKS = [(d, t) for d in ("airline", "retail", "telecom") for t in load_tasks(d, "test")]
+TEST_TASKS = test_tasks()  # every test task (a representative subset in the tau2 1.0.1 pass: tests/task_sample.py)
 
 # Test tasks whose last WRITE gold action does not change the final state the evaluator compares, so leaving it
 # out still scores 1.0. Each entry says why.
@@ -38,7 +40,9 @@ def test_oracle_replay_scores_one_and_dropping_last_write_scores_zero(domain, ta
 
 
 def test_write_action_counts_match_the_measured_ones():
-    """notes/tau2.md measured: airline 14, retail 37, telecom 28 test tasks have a WRITE gold action."""
+    """notes/tau2.md measured: airline 14, retail 37, telecom 28 test tasks have a WRITE gold action (26.3); tau2
+    1.0.1's task fixes leave airline 13 and retail 36."""
     counts = {d: sum(last_write_index(d, t) is not None for t in load_tasks(d, "test"))
               for d in ("airline", "retail", "telecom")}
-    assert counts == {"airline": 14, "retail": 37, "telecom": 28}
+    measured = {"airline": 13, "retail": 36, "telecom": 28} if V1 else {"airline": 14, "retail": 37, "telecom": 28}
+    assert counts == measured

@@ -106,6 +106,23 @@ def test_merge_keeps_seed_rows_first_and_drops_repeated_conversations():
     assert merged == unique and dropped == 2  # the RFT success repeats the oracle demonstration too
 
 
+def test_rows_are_ordered_by_task_and_sample_whatever_order_episodes_finished_in():
+    """The evaluator records episodes as they finish; selection must not depend on that order (bit-reproducible
+    reruns): the same rows, the same sample kept among identical conversations, tasks in id order."""
+    import random
+
+    tasks = [get_task("mock", tid) for tid in ("update_task_1", "create_task_1", "update_task_with_initialization_data")]
+    records = [record("mock", t, demo_turns(t), s) for t in tasks for s in (0, 1)]
+    expected = select_rft(records)
+    assert [r["metadata"]["task_id"] for r in expected] == ["create_task_1", "update_task_1",
+                                                        "update_task_with_initialization_data"]
+    assert all(r["metadata"]["sample"] == 0 for r in expected)  # sample 1 repeats sample 0's conversation
+    rng = random.Random(0)
+    for _ in range(5):
+        shuffled = rng.sample(records, len(records))
+        assert select_rft(shuffled) == expected
+
+
 def test_domain_stats_count_episodes_successes_and_rows(telecom):
     _, _, recs = telecom
     records = [recs["win"], recs["partial"], {**recs["zero"], "status": "aborted"}]
@@ -114,10 +131,12 @@ def test_domain_stats_count_episodes_successes_and_rows(telecom):
                                  "rows_success": 1}}
 
 
-def _episode_file(path: Path, records: list[dict]) -> None:
+def _episode_file(path: Path, records: list[dict], version: str | None = None) -> None:
     from eval.episodes_file import EpisodesFile
+    from tau2_rl_pipeline.tau2_version import VERSION
 
-    log = EpisodesFile(path, {"task_split": "train"})
+    log = EpisodesFile(path, {"task_split": "train"},
+                       benchmark={"tau2_version": version or VERSION, "task_set_hash": "0" * 16})
     log.open_for_append()
     for rec in records:
         log.append(rec)
@@ -180,3 +199,12 @@ def test_cli_samples_through_the_evaluator(tmp_path, loopback, small_tokenizer, 
     assert header["settings"]["sampling"]["temperature"] == 0.8  # RFT's default, not the evaluator's
     assert [(r["sample"], r["reward"]) for r in records] == [(0, 1.0), (1, 1.0)]
     assert re.search(r"mock\W+1/1\W+2/2\W+1\.000\W+1\W+0\W+0\W", capsys.readouterr().out)
+
+
+def test_cli_refuses_episodes_graded_by_another_tau2(tmp_path, telecom, capsys):
+    _, _, recs = telecom
+    episodes = tmp_path / "old.episodes.jsonl"
+    _episode_file(episodes, list(recs.values()), version="0.9")
+    assert main(["--episodes", str(episodes), "--out", str(tmp_path / "rft.jsonl")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "graded by tau2 0.9, this run uses tau2" in err and "\n" not in err and not (tmp_path / "rft.jsonl").exists()

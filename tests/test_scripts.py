@@ -600,6 +600,20 @@ def test_export_reads_the_latest_iteration(tmp_path: Path, tracker: str, iterati
     assert "warning: checkpoint iteration" not in result.stderr
 
 
+def test_relative_paths_are_taken_from_where_the_script_was_started(tmp_path: Path) -> None:
+    """The converters run inside slime's directory: the README's relative CKPT_IN / HF_OUT must still point under
+    the directory the command was typed in."""
+    (tmp_path / "outputs" / "checkpoints" / "sft" / "release").mkdir(parents=True)
+    (tmp_path / "outputs" / "checkpoints" / "sft" / "latest_checkpointed_iteration.txt").write_text("release")
+    result = dry_ok("convert_megatron_to_hf.sh", tmp_path, CKPT_IN="outputs/checkpoints/sft",
+                    HF_OUT="outputs/models/sft_hf", TAU2_OUT_DIR="out")
+    got = flags(command_with(result, f"{SLIME}/tools/convert_torch_dist_to_hf.py"))
+    assert got["--input-dir"] == str(tmp_path / "outputs" / "checkpoints" / "sft" / "release")
+    assert got["--output-dir"] == str(tmp_path / "outputs" / "models" / "sft_hf")
+    assert got["--origin-hf-dir"] == str(tmp_path / "out" / "models" / "Qwen3-4B-Instruct-2507")
+    assert "warning: checkpoint iteration" not in result.stderr
+
+
 # ---- pipeline --------------------------------------------------------------------------------------------------
 def stage_lines(result: Result) -> list[tuple[str, str]]:
     found = re.findall(r"^==> stage \d+/\d+ (\w+): (running|skipped)", result.stdout, flags=re.MULTILINE)
@@ -743,6 +757,25 @@ def test_dockerfile_pins_the_image_and_slime_and_holds_no_secrets() -> None:
     commit = re.search(r"^ARG SLIME_COMMIT=([0-9a-f]{40})$", text, flags=re.MULTILINE).group(1)
     assert commit == SLIME_COMMIT
     assert "--no-deps -e ." in text and "-c /tmp/image-stack.txt" in text
+    assert re.search(r"^ARG TAU2_BENCH_COMMIT=fc0055dc4e0a316c3f83133267fbd6faaa770992$", text, flags=re.MULTILINE)
     assert not re.search(r"^(ENV|ARG)\b.*(KEY|TOKEN|SECRET|PASSWORD)", text, flags=re.MULTILINE)
     ignored = (ROOT / ".dockerignore").read_text().splitlines()
     assert {".env", "**/.env", "outputs", ".venv", "!configs/.env.template"} <= set(ignored)
+
+
+def test_start_judge_serves_the_configured_judge_and_refuses_what_it_cannot_serve(tmp_path: Path) -> None:
+    judge = {"TAU2_JUDGE_MODEL": "openai/grader", "TAU2_JUDGE_API_BASE": "http://127.0.0.1:31002/v1"}
+    settings = {"JUDGE_MODEL_PATH": "/m/judge", "JUDGE_HOST": "0.0.0.0", "JUDGE_GPUS": "4,5", "JUDGE_TP": "2",
+                "JUDGE_MEM_FRACTION": "0.3"}
+    default = dry_ok("start_judge.sh", tmp_path, **judge)
+    changed = flags(command_with(dry_ok("start_judge.sh", tmp_path, **judge, **settings), "sglang.launch_server"))
+    assert flags(command_with(default, "sglang.launch_server"))["--served-model-name"] == "grader"
+    assert (changed["--model-path"], changed["--host"], changed["--tp-size"], changed["--dp-size"],
+            changed["--mem-fraction-static"], changed["--port"]) == ("/m/judge", "0.0.0.0", "2", "1", "0.3", "31002")
+    assert "CUDA_VISIBLE_DEVICES=4,5" in command_with(dry_ok("start_judge.sh", tmp_path, **judge, **settings),
+                                                      "sglang.launch_server")
+    for env, why in (({}, "no local judge to serve"),
+                     ({**judge, "TAU2_JUDGE_MODEL": "gpt-4.1"}, "openai/<served name>"),
+                     ({**judge, "JUDGE_TP": "4", "JUDGE_GPUS": "4,5"}, "more than the judge GPUs")):
+        result = run_script("start_judge.sh", tmp_path, **env)
+        assert result.rc != 0 and why in result.stderr and len(result.stderr.strip().splitlines()) <= 3

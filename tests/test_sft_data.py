@@ -39,6 +39,7 @@ from tau2_rl_pipeline.sft_data import (
     sft_chat,
 )
 from tau2_rl_pipeline.tasks import get_task, load_tasks
+from tau2_rl_pipeline.tau2_version import V1
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURE = REPO / "tests" / "data" / "seed_fixture.jsonl"
@@ -280,7 +281,8 @@ def test_mock_demonstrations_leave_out_the_tasks_below_one():
     kept = {r["metadata"]["task_id"] for r in rows}
     assert kept == {t.id for t in load_tasks("mock", "base")} - {
         "update_task_with_message_history",  # its history already ends the request: the user stops at once
-        "update_task_with_history_and_env_assertions"}  # no gold action reaches its env assertion
+        "update_task_with_history_and_env_assertions",  # no gold action reaches its env assertion
+        *(["update_task_with_user_tools"] if V1 else [])}  # 1.0.1's new task: its user-side step is not asked for
     for row in rows:
         assert row["messages"][1] == {"role": "assistant", "content": "Hi! How can I help you today?",
                                       "step_loss_mask": 0}

@@ -12,6 +12,7 @@ import importlib.metadata
 import importlib.util
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -195,6 +196,21 @@ def test_setup_installs_the_lock_in_hash_checking_mode() -> None:
             assert "--no-deps" in line and "--no-build-isolation" in line, line
         elif "-r " not in line:
             assert re.search(r'"[A-Za-z0-9_.-]+==[0-9][^"*]*"', line), line
+
+
+def test_the_package_builds_with_the_locked_setuptools_without_deprecation_warnings(lock, tmp_path: Path) -> None:
+    """setup.sh builds the package with the locked setuptools (no build isolation): it must satisfy the build
+    requirement, and building the metadata must warn about nothing (a table-form license is deprecated)."""
+    build = tomllib.loads((ROOT / "pyproject.toml").read_text())["build-system"]["requires"]
+    (setuptools_req,) = [Requirement(r) for r in build if Requirement(r).name == "setuptools"]
+    assert setuptools_req.specifier.contains(pinned_version(lock["setuptools"][0]))
+    code = ("import sys, warnings; warnings.simplefilter('error'); from setuptools import build_meta; "
+            "print(build_meta.prepare_metadata_for_build_wheel(sys.argv[1]))")
+    proc = subprocess.run([sys.executable, "-c", code, str(tmp_path)], cwd=ROOT, capture_output=True, text=True,
+                          check=False, timeout=120)
+    assert proc.returncode == 0 and "Deprecat" not in proc.stderr, proc.stderr[-2000:]
+    metadata = (tmp_path / proc.stdout.strip().splitlines()[-1] / "METADATA").read_text()
+    assert "License-Expression: Apache-2.0" in metadata
 
 
 def test_the_dockerfile_reads_exact_pins_from_the_lock(lock, tmp_path: Path) -> None:

@@ -61,3 +61,19 @@ def test_a_template_the_shortcut_does_not_fit_renders_whole_prompts(qwen3_tokeni
         assert list(template._system_turns.values()) == [None]
     finally:
         qwen3_tokenizer.chat_template = original
+
+
+@pytest.mark.parametrize("encoder", ["rust", "transformers"])
+def test_an_observation_with_a_lone_surrogate_is_tokenized_as_the_replacement_character(qwen3_tokenizer, encoder):
+    """Text from outside the policy (a user simulator's JSON reply, a tool result) can hold a lone surrogate that
+    no tokenizer accepts; the policy sees U+FFFD in its place instead of the episode failing."""
+    template = ObservationTemplate(qwen3_tokenizer)
+    if encoder == "transformers":
+        template._backend = None
+    observation = [{"role": "tool", "content": '{"user_id": "\ud800x\udfff"}'}]
+    clean = [{"role": "tool", "content": '{"user_id": "\ufffdx\ufffd"}'}]
+    assert template.delta_ids(observation) == template.delta_ids(clean)
+    chat, tools = _first_chat("mock", load_tasks("mock", "base")[0])
+    chat[-1] = {**chat[-1], "content": chat[-1]["content"] + "\udc00"}
+    assert template.first_prompt_ids(chat, tools)[-8:] == template.first_prompt_ids(
+        [*chat[:-1], {**chat[-1], "content": chat[-1]["content"][:-1] + "\ufffd"}], tools)[-8:]

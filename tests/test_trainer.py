@@ -279,6 +279,16 @@ def test_sft_lowers_the_masked_loss_on_held_out_demonstrations(tiny_small_dir, m
     assert [r["sequences"] for r in logged[:3]] == [2, 2, 2]
 
 
+def test_without_a_terminal_each_training_step_logs_a_line(tiny_small_dir, mock_demos, tmp_path, capsys):
+    """A rich bar shows nothing until it ends when output is not a terminal (a log file, CI): a line per step."""
+    trainer = trainer_for(tiny_small_dir, tmp_path, lr=1e-3, micro_batch_size=3, epochs=2)
+    capsys.readouterr()
+    trainer.sft(mock_demos)
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("sft ")]
+    assert [line.split()[1] for line in lines] == [f"{i}/6" for i in range(1, 7)]
+    assert all("loss" in line for line in lines)
+
+
 def test_micro_batches_with_accumulation_give_the_same_gradient_as_one_batch(tiny_small_dir, mock_demos,
                                                                               tmp_path):
     demos = mock_demos[:4]  # different lengths: the one-batch run pads them

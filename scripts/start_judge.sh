@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Serve tau2 1.0.1's NL-assertion judge: an SGLang server (OpenAI-compatible /v1) that the judge client
+# (tau2_rl_pipeline/judge.py) reaches as TAU2_JUDGE_MODEL=openai/<served name> at TAU2_JUDGE_API_BASE. Only tau2 1.0.1
+# needs one (retail's NL assertions); tau2's own default is gpt-4.1-2025-04-14 over the OpenAI API. Foreground; Ctrl-C.
+#
+#   TAU2_JUDGE_MODEL=openai/judge TAU2_JUDGE_API_BASE=http://127.0.0.1:30002/v1 JUDGE_MODEL_PATH=/models/Qwen3-32B \
+#       bash scripts/start_judge.sh
+#   DRY_RUN=1 bash scripts/start_judge.sh
+#
+# It shares the user simulator's GPUs (JUDGE_GPUS, default USER_SIM_GPUS) with a smaller memory fraction; or point
+# TAU2_JUDGE_MODEL / TAU2_JUDGE_API_BASE at the user-simulator server itself and serve nothing more.
+set -euo pipefail
+# shellcheck source-path=SCRIPTDIR source=common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+
+JUDGE_MODEL_PATH="${JUDGE_MODEL_PATH:-${BASE_HF_DIR}}"
+JUDGE_HOST="${JUDGE_HOST:-127.0.0.1}"
+JUDGE_GPUS="${JUDGE_GPUS:-${USER_SIM_GPUS}}"
+JUDGE_TP="${JUDGE_TP:-1}"
+JUDGE_MEM_FRACTION="${JUDGE_MEM_FRACTION:-0.4}"
+
+[[ -n "${TAU2_JUDGE_API_BASE:-}" ]] || die "TAU2_JUDGE_API_BASE is empty (provider endpoint): there is no local judge to serve"
+[[ "${TAU2_JUDGE_API_BASE}" =~ ^http://[^/:]+:([0-9]+)/v1/?$ ]] ||
+  die "TAU2_JUDGE_API_BASE=${TAU2_JUDGE_API_BASE} must look like http://127.0.0.1:30002/v1"
+JUDGE_PORT="${BASH_REMATCH[1]}"
+[[ "${TAU2_JUDGE_MODEL:-}" == openai/?* ]] ||
+  die "TAU2_JUDGE_MODEL=${TAU2_JUDGE_MODEL:-} must be openai/<served name> for the judge client to use this server"
+SERVED_NAME="${TAU2_JUDGE_MODEL#openai/}"
+require_number JUDGE_MEM_FRACTION "${JUDGE_MEM_FRACTION}"
+require_uint JUDGE_TP "${JUDGE_TP}"
+JUDGE_DP=$(($(gpu_count "${JUDGE_GPUS}") / JUDGE_TP))
+((JUDGE_DP >= 1)) || die "JUDGE_TP=${JUDGE_TP} is more than the judge GPUs (${JUDGE_GPUS})"
+require_file "${JUDGE_MODEL_PATH}/config.json" "judge model"
+require_port_free "${JUDGE_PORT}" "judge"
+require_gpus "${JUDGE_GPUS}" "judge"
+note "judge ${SERVED_NAME} on GPUs ${JUDGE_GPUS} (TP${JUDGE_TP} x DP${JUDGE_DP}), port ${JUDGE_PORT}"
+
+run env CUDA_VISIBLE_DEVICES="${JUDGE_GPUS}" "${PYTHON}" -m sglang.launch_server \
+  --model-path "${JUDGE_MODEL_PATH}" \
+  --served-model-name "${SERVED_NAME}" \
+  --host "${JUDGE_HOST}" \
+  --port "${JUDGE_PORT}" \
+  --tp-size "${JUDGE_TP}" \
+  --dp-size "${JUDGE_DP}" \
+  --mem-fraction-static "${JUDGE_MEM_FRACTION}"

@@ -1,0 +1,195 @@
+"""The NL-assertion judge client (tau2_rl_pipeline/judge.py) against a real loopback HTTP server, and, on tau2
+1.0.1, tau2's own NL evaluator calling it: retries with backoff, timeouts, token counts, and a judge outage that
+aborts episodes instead of scoring them."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections.abc import Iterator
+from dataclasses import replace
+from typing import Any
+
+import pytest
+from judge_double import expected_outcomes, judge_answer
+
+from tau2_rl_pipeline import judge
+from tau2_rl_pipeline.config import ConfigError, Tau2Config
+from tau2_rl_pipeline.judge import Judge, JudgeConfigError, JudgeError, JudgeSettings, check_answer, episode_usage
+from tau2_rl_pipeline.loopback_server import Fault, LoopbackServer
+from tau2_rl_pipeline.tau2_version import V1, judge_default_model, needs_judge
+
+PROMPT = [{"role": "system", "content": "grade"},
+          {"role": "user", "content": "conversation:\nuser: hi\n\nexpectedOutcomes:\n['Agent greets', 'Agent helps']"}]
+needs_v1 = pytest.mark.skipif(not V1, reason="tau2 1.0.1 only: 26.3 has no judged task (tests/test_tau2_v1.py "
+                                             "runs this file on 1.0.1)")
+
+
+@pytest.fixture
+def server(tiny_engine) -> Iterator[LoopbackServer]:
+    with LoopbackServer(tiny_engine, model_name="judge", hang_s=5.0) as s:
+        s.chat_answer = judge_answer()
+        yield s
+
+
+def settings(server: LoopbackServer, **kw: Any) -> JudgeSettings:
+    return JudgeSettings(**{"model": "openai/judge", "api_base": f"{server.base_url}/v1", "max_retries": 2,
+                            "backoff_s": 0.5, "timeout_s": 30.0, **kw})
+
+
+def test_answer_through_http_with_tokens_counted(server) -> None:
+    sleeps: list[float] = []
+    client = Judge(settings(server), sleep=sleeps.append)
+    with episode_usage() as mine:
+        answer = json.loads(client.complete(PROMPT))
+    assert [r["expectedOutcome"] for r in answer["results"]] == ["Agent greets", "Agent helps"]
+    assert all(r["metExpectation"] is True for r in answer["results"])
+    body = server.requests[-1][1]
+    assert server.count("/v1/chat/completions") == 1 and body["model"] == "judge" and body["temperature"] == 0.0
+    assert client.usage.calls == 1 and client.usage.failed_attempts == 0 and sleeps == []
+    assert client.usage.prompt_tokens > 10 and client.usage.completion_tokens > 10
+    assert mine == client.usage  # the episode's own count
+
+
+def test_errors_and_malformed_answers_are_retried_with_doubling_backoff(server) -> None:
+    sleeps: list[float] = []
+    client = Judge(settings(server, max_retries=3), sleep=sleeps.append)
+    server.faults.fail_next(1, Fault.ERROR_500)
+    answers = iter(['{"results": []}', "not json at all"])
+    server.chat_answer = lambda body: next(answers, None) or judge_answer()(body)
+    assert json.loads(client.complete(PROMPT))["results"][0]["expectedOutcome"] == "Agent greets"
+    assert sleeps == [0.5, 1.0, 2.0]  # backoff_s, doubled per retry
+    assert (client.usage.calls, client.usage.failed_attempts) == (1, 3)
+
+
+def test_an_outage_is_a_one_line_judge_error_after_every_attempt(server) -> None:
+    client = Judge(settings(server, max_retries=2), sleep=lambda s: None)
+    server.faults.fail_next(3, Fault.ERROR_500)
+    with pytest.raises(JudgeError, match=r"^judge openai/judge failed after 3 attempts: ") as e:
+        client.complete(PROMPT)
+    assert "\n" not in str(e.value) and server.count("/v1/chat/completions") == 3
+    assert (client.usage.calls, client.usage.failed_attempts) == (0, 3)
+
+
+def test_the_timeout_setting_cuts_a_hung_call(server) -> None:
+    server.faults.fail_next(1, Fault.HANG)  # answers after 5 s
+    client = Judge(settings(server, timeout_s=0.5, max_retries=1), sleep=lambda s: None)
+    assert json.loads(client.complete(PROMPT))["results"]
+    assert client.usage.failed_attempts == 1  # the hung attempt timed out; the retry answered
+
+
+def test_check_answer_demands_the_json_tau2_parses() -> None:
+    good = '{"results": [{"expectedOutcome": "x", "reasoning": "y", "metExpectation": false}]}'
+    assert check_answer(good) == good
+    for bad in ("", "[]", '{"results": []}', '{"results": [{"expectedOutcome": "x", "reasoning": "y", '
+                '"metExpectation": "yes"}]}'):
+        with pytest.raises(ValueError):
+            check_answer(bad)
+
+
+def test_settings_come_from_tau2config_and_are_validated(monkeypatch) -> None:
+    cfg = Tau2Config.from_env({"TAU2_JUDGE_MODEL": "openai/j", "TAU2_JUDGE_API_BASE": "http://127.0.0.1:1/v1",
+                               "TAU2_JUDGE_TIMEOUT_S": "7", "TAU2_JUDGE_MAX_RETRIES": "0",
+                               "TAU2_JUDGE_BACKOFF_S": "0.25"})
+    s = JudgeSettings.from_config(cfg)
+    assert (s.model, s.api_base, s.timeout_s, s.max_retries, s.backoff_s) == (
+        "openai/j", "http://127.0.0.1:1/v1", 7.0, 0, 0.25)
+    assert s.litellm_args()["timeout"] == 7.0 and s.litellm_args()["num_retries"] == 0
+    assert JudgeSettings.from_config(Tau2Config.from_env({})).model == (judge_default_model() or "gpt-4.1-2025-04-14")
+    with pytest.raises(ConfigError, match="^TAU2_JUDGE_MAX_RETRIES="):
+        Tau2Config.from_env({"TAU2_JUDGE_MAX_RETRIES": "-1"})
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    with pytest.raises(JudgeConfigError, match="needs OPENAI_API_KEY in the environment"):
+        judge.check_judge(Tau2Config.from_env({"TAU2_JUDGE_MODEL": "gpt-4.1"}))
+    judge.check_judge(cfg)  # a local server needs no key
+
+
+def test_usage_is_counted_per_thread_for_each_episode(server) -> None:
+    client = Judge(settings(server), sleep=lambda s: None)
+    counts: dict[str, int] = {}
+
+    def episode(name: str, calls: int) -> None:
+        with episode_usage() as used:
+            for _ in range(calls):
+                client.complete(PROMPT)
+        counts[name] = used.calls
+
+    threads = [threading.Thread(target=episode, args=(n, c)) for n, c in (("a", 1), ("b", 2))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert counts == {"a": 1, "b": 2} and client.usage.calls == 3
+
+
+# -- tau2 1.0.1: tau2's own evaluator, our judge -------------------------------------------------------------------
+
+def _retail_judged_task():
+    from tau2_rl_pipeline.tasks import load_tasks
+
+    return next(t for t in load_tasks("retail", "test") if needs_judge(t))
+
+
+@needs_v1
+def test_tau2_grades_nl_assertions_with_the_installed_judge(loopback_judge) -> None:
+    from tau2_rl_pipeline.oracle import replay_gold_actions
+
+    task = _retail_judged_task()
+    before = judge.active().usage.calls
+    assert replay_gold_actions("retail", task).reward == 1.0
+    body = loopback_judge.requests[-1][1]
+    assert expected_outcomes(body) == list(task.evaluation_criteria.nl_assertions)  # tau2's prompt, its assertions
+    assert judge.active().usage.calls == before + 1
+    loopback_judge.chat_answer = judge_answer(lambda outcome: False)
+    try:
+        info = replay_gold_actions("retail", task)
+    finally:
+        loopback_judge.chat_answer = judge_answer()
+    assert info.reward == 0.0 and info.db_check.db_match  # the DB is right; the judge said the assertions fail
+    assert [c.met for c in info.nl_assertions] == [False] * len(task.evaluation_criteria.nl_assertions)
+
+
+@needs_v1
+def test_a_judge_outage_aborts_episodes_and_none_is_scored(loopback_judge, tiny_engine, small_tokenizer) -> None:
+    from eval.runner import run_episodes
+    from tau2_rl_pipeline.engines import SamplingParams
+    from tau2_rl_pipeline.users import make_user_factory
+
+    task = _retail_judged_task()
+    refusing = LoopbackServer(tiny_engine, model_name="judge")
+    refusing.start()
+    refusing.stop()  # nothing listens on its port any more: connections are refused
+    cfg = replace(loopback_judge.cfg, judge_api_base=f"{refusing.base_url}/v1", max_turns=2, judge_max_retries=2)
+    records: list[dict] = []
+    try:
+        asyncio.run(run_episodes([("retail", task, s) for s in range(2)], engine=Goodbye(small_tokenizer),
+                                 tokenizer=small_tokenizer, user_factory=make_user_factory("scripted", cfg),
+                                 sampling=SamplingParams(max_new_tokens=32), cfg=cfg, seed=0, concurrency=2,
+                                 on_done=records.append))
+    finally:
+        judge.configure(loopback_judge.cfg)
+    assert len(records) == 2
+    for r in records:  # the agent stopped, so tau2 asked the judge, which never answered
+        assert r["status"] == "aborted" and r["reward_info"] is None and r["reward"] == 0.0
+        assert r["error"].startswith("judge openai/judge failed after 3 attempts") and r["judge"]["calls"] == 0
+        assert r["judge"]["failed_attempts"] == 3
+        assert r["termination_reason"] == "judge_error"
+    from tau2_rl_pipeline.metrics import summarize
+
+    with pytest.raises(ValueError):  # every episode aborted: nothing is scored
+        summarize(records)
+
+
+class Goodbye:
+    """The engine contract, scripted: the agent ends the conversation at once (so tau2 evaluates it)."""
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+
+    async def generate(self, input_ids, sampling):
+        from tau2_rl_pipeline.engines import GenerateResult
+
+        ids = self.tokenizer.encode("Thank you, goodbye. ###STOP###" + self.tokenizer.eos_token,
+                                    add_special_tokens=False)
+        return GenerateResult(ids, [-0.5] * len(ids), "stop")

@@ -1,0 +1,168 @@
+"""The local pipeline's reruns and report: each stage's output is recorded with the settings that made it (a rerun
+skips, resumes or redoes it, and says which), GRPO resumes at its last finished step with that step's curriculum,
+and the report counts the GRPO steps that had a learning signal.
+
+GRPO runs here for real (tiny model, real mock episodes and the scripted user) but small; the evaluations, which
+the pipeline runs as eval/eval_passk.py subprocesses, are covered by that CLI's own tests.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from tau2_rl_pipeline.config import Tau2Config, config_from_args
+from tau2_rl_pipeline.demo_report import grpo_summary, summary_lines, write_charts
+from tau2_rl_pipeline.local_grpo import GrpoProgress, GrpoSettings, grpo_stage
+from tau2_rl_pipeline.local_pipeline import build_parser, main, stage_settings
+from tau2_rl_pipeline.stage_book import RUN, SKIP, StageBook, StaleOutputError
+
+
+def settings_for(*argv: str) -> dict[str, dict]:
+    args = build_parser().parse_args(list(argv))
+    args.max_turns = 8
+    return stage_settings(args, config_from_args(args, {}), "base", "base")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Settings per stage
+
+
+def test_a_setting_changes_the_stages_it_affects_and_no_earlier_one() -> None:
+    default = settings_for()
+    changed = {
+        ("--grpo-steps", "2"): {"grpo", "eval grpo"},
+        ("--rft-samples", "2"): {"rft", "grpo", "eval rft", "eval grpo"},
+        ("--eval-samples", "2"): {"eval base", "eval sft", "eval rft", "eval grpo"},
+        ("--domain", "airline"): set(default),  # the tokenizer is trained on the domain's texts: everything
+        ("--reward-alpha", "0.5"): {"rft", "grpo", "eval base", "eval sft", "eval rft", "eval grpo"},
+        ("--sft-epochs", "3"): {"sft", "rft", "grpo", "eval sft", "eval rft", "eval grpo"},
+    }
+    for argv, stages in changed.items():
+        other = settings_for(*argv)
+        assert {s for s in default if default[s] != other[s]} == stages, argv
+    assert settings_for("--device", "cpu", "--episode-workers", "0") == default  # speed, not outcome
+
+
+def test_the_book_skips_resumes_redoes_and_refuses(tmp_path: Path) -> None:
+    out = tmp_path / "demo"
+    ckpt, partial = out / "sft", out / "eval" / "sft.json.episodes.jsonl"
+    book = StageBook(out)
+    assert book.plan("sft", {"epochs": 40}, [ckpt]).message == "sft: running"
+    ckpt.mkdir(parents=True)
+    assert StageBook(out).plan("sft", {"epochs": 40}, [ckpt]).message == (
+        "sft: unfinished with these settings: running it again (resuming what it can)")
+    book = StageBook(out)
+    book.plan("sft", {"epochs": 40}, [ckpt])
+    book.finish("sft", {"loss": 0.5})
+    plan = StageBook(out).plan("sft", {"epochs": 40}, [ckpt])  # read back from stages.json: a rerun
+    assert plan.action == SKIP and plan.result == {"loss": 0.5} and "skipped" in plan.message
+    partial.parent.mkdir()
+    partial.write_text("{}\n")
+    plan = StageBook(out).plan("sft", {"epochs": 3}, [ckpt], [partial])
+    assert plan.action == RUN and plan.message == "sft: settings changed (epochs: 40 -> 3): redoing it"
+    assert not ckpt.exists() and not partial.exists()  # the old run's outputs are gone, not relabelled
+    (out / "rft").mkdir()
+    with pytest.raises(StaleOutputError, match="no record of the settings"):
+        StageBook(out).plan("rft", {"epochs": 3}, [out / "rft"])
+
+
+def test_output_without_a_record_is_refused_in_one_line(tmp_path: Path, capsys) -> None:
+    """An output directory written by an older version (no stages.json) is refused, never reused or relabelled."""
+    (tmp_path / "demo" / "sft").mkdir(parents=True)
+    assert main(["--out", str(tmp_path / "demo")]) == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(lines) == 1 and "no record of the settings" in lines[0] and "sft" in lines[0], lines
+    assert sorted(p.name for p in (tmp_path / "demo").iterdir()) == ["sft"]  # nothing built or written
+
+
+def test_a_bad_tau2_value_is_one_line_not_a_traceback(tmp_path: Path, capsys, monkeypatch) -> None:
+    monkeypatch.setenv("TAU2_REWARD_ALPHA", "lots")
+    assert main(["--out", str(tmp_path / "d")]) == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: TAU2_REWARD_ALPHA='lots'"), lines
+    assert not (tmp_path / "d").exists()
+
+
+def test_ctrl_c_anywhere_is_one_line_saying_how_to_resume(tmp_path: Path, capsys, monkeypatch) -> None:
+    import tau2_rl_pipeline.local_pipeline as pipeline
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pipeline, "prepare_model", interrupted)
+    assert main(["--out", str(tmp_path / "d")]) == 130
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("interrupted:") and "rerun the same command" in lines[0], lines
+
+
+def test_a_child_stopped_by_ctrl_c_leaves_the_line_to_the_child(capsys) -> None:
+    """The evaluator (a child process) gets Ctrl-C too and reports what it kept; the pipeline adds nothing."""
+    from tau2_rl_pipeline.local_pipeline import StageFailed, run_child
+
+    with pytest.raises(StageFailed) as info:
+        run_child([sys.executable, "-c", "import sys; print('interrupted: child', file=sys.stderr); sys.exit(130)"],
+                  "evaluation of sft")
+    assert info.value.returncode == 130
+    with pytest.raises(StageFailed, match=r"^evaluation of sft failed \(exit 3\)"):
+        run_child([sys.executable, "-c", "raise SystemExit(3)"], "evaluation of sft")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# GRPO: resume at the last finished step, and the report's count of steps with signal
+
+
+def grpo_settings(steps: int) -> GrpoSettings:
+    return GrpoSettings(domain="mock", split="base", steps=steps, tasks_per_step=2, n=2, lr=1e-4, temperature=1.5,
+                        max_new_tokens=24, kl_coef=0.0, entropy_coef=0.0, micro_batch_size=4, seed=0)
+
+
+class Interrupt(Exception):
+    pass
+
+
+def test_an_interrupted_grpo_resumes_at_its_last_step_with_that_steps_curriculum(tiny_small_dir: Path,
+                                                                                  tmp_path: Path) -> None:
+    cfg = Tau2Config.from_env({}, max_turns=2, episode_workers=0, task_sampler="learning_value")
+    whole = grpo_stage(grpo_settings(3), tiny_small_dir, tmp_path / "a" / "model", tmp_path / "a", cfg,
+                       tmp_path / "a.jsonl", report=lambda line: None)
+
+    def stop_after_step_2(line: str) -> None:
+        if line.startswith("grpo step 2/"):
+            raise Interrupt  # as Ctrl-C would, after step 2 was committed
+    with pytest.raises(Interrupt):
+        grpo_stage(grpo_settings(3), tiny_small_dir, tmp_path / "b" / "model", tmp_path / "b", cfg,
+                   tmp_path / "b.jsonl", report=stop_after_step_2)
+    assert GrpoProgress(tmp_path / "b").step == 2 and not (tmp_path / "b" / "model").exists()
+    lines: list[str] = []
+    resumed = grpo_stage(grpo_settings(3), tiny_small_dir, tmp_path / "b" / "model", tmp_path / "b", cfg,
+                         tmp_path / "b.jsonl", report=lines.append)
+    assert lines[0] == "grpo: resuming after step 2 of 3 (its weights, optimizer and curriculum)"
+    assert [line.split(":")[0] for line in lines[1:]] == ["grpo step 3/3"]  # steps 1 and 2 are not run again
+
+    def without_timing(history: list[dict]) -> list[dict]:
+        return [{k: v for k, v in h.items() if k != "rollout_s"} for h in history]
+    assert without_timing(resumed) == without_timing(whole)  # same draws, rewards and updates as uninterrupted
+    curriculum = json.loads((GrpoProgress(tmp_path / "b").step_dir() / "curriculum_state.json").read_text())
+    assert sum(t["attempts"] for t in curriculum["tasks"].values()) == 3 * 2 * 2  # each episode counted once
+    assert [p.name for p in (tmp_path / "b").iterdir() if "step_" in p.name] == ["step_3"]
+
+
+def history_step(step: int, groups_without_signal: int, trained: int) -> dict:
+    return {"step": step, "tasks": [], "episodes": 24, "raw_reward_mean": 0.5, "shaped_reward_mean": 0.6,
+            "success_rate": 0.5, "groups": 3, "groups_without_signal": groups_without_signal,
+            "trained_sequences": trained}
+
+
+def test_the_report_counts_grpo_steps_with_signal_and_charts_them(tmp_path: Path) -> None:
+    history = [history_step(1, 1, 16), history_step(2, 3, 0), history_step(3, 0, 24)]
+    summary = grpo_summary(history)
+    assert (summary["steps"], summary["steps_with_signal"], summary["groups"], summary["groups_with_signal"],
+            summary["episodes"]) == (3, 2, 9, 5, 72)
+    report = {"domain": "mock", "stages": {}, "grpo": summary}
+    assert summary_lines(report) == ["GRPO: 2/3 steps with signal (5/9 groups, 72 episodes)"]
+    (chart,) = write_charts(report, tmp_path)
+    assert chart.name == "grpo_reward.png" and chart.stat().st_size > 0
