@@ -101,7 +101,8 @@ def test_demo_runs_awsft_and_reports_it_beside_grpo(tiny_small_dir, tmp_path, ca
     _recorded_demo(out, tiny_small_dir, argv)
     code = local_pipeline.main(argv)
     assert code == 0
-    err = capsys.readouterr().err
+    captured = capsys.readouterr()
+    err = captured.err
     assert "grpo: done with these settings, skipped" in err and "awsft: running" in err
     assert "kept 9/9 tasks" in err  # the difficulty filter's line: [0, 1] keeps every task
     report = json.loads((out / "report.json").read_text())
@@ -114,5 +115,5 @@ def test_demo_runs_awsft_and_reports_it_beside_grpo(tiny_small_dir, tmp_path, ca
     logged = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["stage"] for r in logged] == ["awsft"] and logged[0]["awsft_weight"] > 0
     assert {Path(p).name for p in report["charts"]} == {"grpo_reward.png", "awsft_reward.png", "stages_passk.png"}
-    out_text = capsys.readouterr().out
+    out_text = captured.out
     assert "grpo" in out_text and "awsft" in out_text and "AWSFT: 1/1 steps with signal" in out_text
