@@ -193,10 +193,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--rft-temperature", type=float, default=0.8)
     g.add_argument("--rft-epochs", type=int, default=10)
     g.add_argument("--rft-lr", type=float, default=1e-3)
-    g = p.add_argument_group("GRPO / AWSFT (the policy stage)")
-    g.add_argument("--algorithm", default="grpo", type=_algorithms,
-                   help="the policy stage's loss: grpo (PPO-clip), awsft (advantage-weighted SFT), or both "
-                        "(grpo,awsft: each from the RFT checkpoint, reported side by side)")
+    g = p.add_argument_group("GRPO / AWSFT (advantage-weighted SFT): the policy stage")
+    g.add_argument("--algorithm", default="grpo", type=_algorithms, metavar="NAMES",
+                   help="grpo, awsft, or both: grpo,awsft")
     g.add_argument("--grpo-steps", type=int, default=6)
     g.add_argument("--grpo-tasks-per-step", type=int, default=3)
     g.add_argument("--grpo-n", type=int, default=8, help="samples per task (the GRPO group)")
