@@ -1,4 +1,4 @@
-"""Pass@K evaluator: every (task, sample) an independent tau2 episode, run concurrently, saved as it finishes.
+"""Pass@K evaluator: each (task, sample) is a tau2 episode, run concurrently, saved when done.
 
     # at scale: an SGLang server holds the policy; the tokenizer comes from the same checkpoint
     python -m eval.eval_passk --backend sglang --sglang-url http://127.0.0.1:30000 \
@@ -64,11 +64,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="sglang = an SGLang server (--sglang-url); local = the in-process engine on --model")
     g.add_argument("--sglang-url", default=None, help="SGLang server or router, e.g. http://127.0.0.1:30000")
     g.add_argument("--hf-checkpoint", default=None,
-                   help="checkpoint evaluated: local dir or hub id (Org/Name, resolved in the HF cache; "
-                        "HF_HUB_OFFLINE honoured). sglang: its tokenizer is used; local: its weights unless --model")
+                   help="checkpoint evaluated: local dir or hub id in the HF cache (sglang: its tokenizer; local: "
+                        "its weights unless --model)")
     g.add_argument("--model", default=None, help="local backend: model directory or hub id to load")
     g.add_argument("--tokenizer", default=None, help="tokenizer dir or hub id; unset = the checkpoint's")
-    g.add_argument("--device", default="auto", help="local backend: torch device (auto = cuda if available)")
+    g.add_argument("--device", default="auto", help="local backend: torch device (auto: cuda if any)")
     g = p.add_argument_group("tasks")
     g.add_argument("--domains", default="airline,retail,telecom", help="comma-separated tau2 domains")
     g.add_argument("--task-split", default="test", help="split of every domain (mock has only 'base')")
@@ -81,20 +81,16 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--top-k", type=int, default=20, help="-1 = whole vocabulary")
     g.add_argument("--max-new-tokens", type=int, default=1024, help="per policy turn")
     g.add_argument("--seed", type=int, default=300,
-                   help="run seed; each (domain, task, sample) samples with a seed derived from it, so a "
-                        "resumed run reproduces an uninterrupted one (tau2's default seed is 300)")
+                   help="run seed; each episode's seed derives from it (a resumed run reproduces an uninterrupted one)")
     g = p.add_argument_group("run")
     g.add_argument("--user", choices=USER_KINDS, default="llm",
-                   help="llm = tau2's user simulator (--user-model, --user-api-base); scripted = offline "
-                        "ScriptedUser (no LLM: plumbing check, not a tau2 score)")
+                   help="llm = tau2's user simulator; scripted = offline ScriptedUser (plumbing check, not a tau2 score)")
     g.add_argument("--concurrency", type=int, default=32, help="episodes in flight at once (over all --procs)")
     g.add_argument("--procs", type=int, default=1,
-                   help="rollout processes sharing the episodes and the concurrency (--backend sglang): one "
-                        "process's CPU caps its episode rate (bench/README.md, P2)")
+                   help="rollout processes sharing episodes and concurrency (--backend sglang; bench/README.md, P2)")
     g.add_argument("--output", type=Path, default=Path("outputs/eval/passk.json"), help="summary JSON path")
     g.add_argument("--resume", action=argparse.BooleanOptionalAction, default=True,
-                   help="continue <output>.episodes.jsonl when it exists: finished episodes are kept, aborted "
-                        "ones retried; --no-resume discards it and starts over")
+                   help="continue <output>.episodes.jsonl: finished episodes kept, aborted ones retried")
     add_submission_args(p)
     add_config_args(p)
     return p

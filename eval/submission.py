@@ -121,17 +121,16 @@ def write_submission(directory: Path, submission: Mapping[str, Any], tau2_files:
     return path
 
 def add_submission_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("leaderboard submission (tau2-bench 1.0.1's submission.json; see eval/submission.py)")
-    g.add_argument("--submission", type=Path, default=None,
-                   help="also write a leaderboard submission directory here (submission.json + trajectories/)")
-    g.add_argument("--model-organization", default="unknown", help="who developed the model")
-    g.add_argument("--submitting-organization", default="unknown", help="who ran the evaluation")
-    g.add_argument("--contact-email", default=None, help="contact for questions about the submission")
+    g = p.add_argument_group("leaderboard submission (tau2-bench 1.0.1; eval/submission.py)")
+    g.add_argument("--submission", type=Path, default=None, metavar="DIR",
+                   help="also write a submission directory here (submission.json + trajectories/)")
+    g.add_argument("--model-organization", default="unknown", metavar="ORG", help="who developed the model")
+    g.add_argument("--submitting-organization", default="unknown", metavar="ORG", help="who ran the evaluation")
+    g.add_argument("--contact-email", default=None, metavar="EMAIL", help="contact for the submission")
     g.add_argument("--trained-on-tau2", action=argparse.BooleanOptionalAction, default=True,
-                   help="the model was trained on tau2 tasks (the cookbook's stages are): a 'custom' submission "
-                        "with a methodology note; --no-trained-on-tau2 for an off-the-shelf model ('standard')")
-    g.add_argument("--submission-notes", default="", help="added to the methodology notes")
-    g.add_argument("--submission-reference", default=None, help="URL of the implementation (repository, paper)")
+                   help="trained on tau2 tasks (as the cookbook's stages are): 'custom', with a methodology note")
+    g.add_argument("--submission-notes", default="", metavar="TEXT", help="added to the methodology notes")
+    g.add_argument("--submission-reference", default=None, metavar="URL", help="URL of the implementation")
 
 
 def submit(args: argparse.Namespace, summary: dict[str, Any], paths: dict[str, Any], secrets: Sequence[str]) -> int:

@@ -8,7 +8,7 @@ import textwrap
 from pathlib import Path
 
 from tau2_rl_pipeline.files import atomic_write_bytes
-from tau2_rl_pipeline.pictures.plan import Plan, Server, Stage
+from tau2_rl_pipeline.pictures.plan import SCRIPTS, Plan, Server, Stage
 
 COLORS = {"slime": "#4C72B0", "start_policy_server": "#55A868", "start_user_sim": "#DD8452"}
 OTHER_COLOR = "#8172B3"
@@ -147,6 +147,14 @@ def _draw_gpus(ax, plans: dict[str, Plan]) -> None:
         ax.text(39, y, text, fontsize=SMALL, va="center")
 
 
+def scripts_outside(plan: Plan, scripts_dir: Path) -> list[str]:
+    """Stage scripts (those that source common.sh) that pipeline.sh does not run, e.g. start_judge.sh: started by
+    hand when needed, so the picture names them below the stages rather than leaving them out."""
+    sourcing = sorted(p.name for p in scripts_dir.glob("*.sh") if p.name != "pipeline.sh"
+                      and any(line.startswith("source ") and "common.sh" in line for line in p.read_text().splitlines()))
+    return [name for name in sourcing if name not in plan.stage_scripts()]
+
+
 def render(plans: dict[str, Plan], path: Path, main_layout: str = "8") -> list[str]:
     """Draw the picture (the main layout's stages and servers, then every layout's GPUs); returns every text drawn."""
     import matplotlib
@@ -170,6 +178,12 @@ def render(plans: dict[str, Plan], path: Path, main_layout: str = "8") -> list[s
         ax.text(x, 0.55, text, fontsize=9, color="dimgray", va="center", style="italic")
     _draw_stages(ax, plan)
     _draw_servers(ax, plan)
+    outside = scripts_outside(plan, SCRIPTS)
+    if outside:
+        ax.set_ylim(-(n - 1) - 0.75, 1.1)
+        ax.text(X_STAGE, -(n - 1) - 0.6, "run by hand when needed, not by pipeline.sh: " + ", ".join(outside)
+                + " (tau2-bench 1.0.1's judge server)" * ("start_judge.sh" in outside), fontsize=SMALL,
+                color="dimgray", va="center", style="italic")
     _draw_gpus(fig.add_subplot(grid[1]), plans)
     texts = [t.get_text() for a in fig.axes for t in a.texts]
     buf = io.BytesIO()
