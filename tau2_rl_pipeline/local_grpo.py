@@ -204,7 +204,7 @@ def grpo_stage(settings: GrpoSettings, start: Path, dest: Path, root: Path, cfg:
         if examples:  # GRPO: every group all-equal (all solved or all failed) leaves nothing to learn from
             trainer.model.train()
             update = trainer.awsft_step(examples) if name == "awsft" else trainer.grpo_step(examples)
-            record.update({f"train_{name}": v for name, v in update.items() if isinstance(v, (int, float))})
+            record.update({f"train_{key}": v for key, v in update.items() if isinstance(v, (int, float))})
         history.append(record)
         _save_step(trainer, progress.step_dir(step), tracker, cfg)
         progress.commit(step, history)
