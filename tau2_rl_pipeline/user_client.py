@@ -22,14 +22,16 @@ from __future__ import annotations
 import json
 import logging
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tau2.data_model.message import Message, MultiToolMessage, ToolCall, UserMessage
-from tau2.user.base import UserState, ValidUserInputMessage
 from tau2.user.user_simulator import UserSimulator
 from tau2.utils.llm_utils import to_litellm_messages
 
 from tau2_rl_pipeline.http_post import RequestFailed, RetryingPost
+
+if TYPE_CHECKING:  # annotations only: tau2 1.0.1 has no tau2.user.base (tau2_version.py)
+    from tau2.user.base import UserState, ValidUserInputMessage
 
 logger = logging.getLogger(__name__)
 OPENAI_PREFIX = "openai/"
