@@ -14,6 +14,8 @@
 #   sft_hf     convert_megatron_to_hf.sh       ${SFT_HF_DIR}/config.json
 #   rft_data   start_policy_server.sh + generate_rft.sh   ${RFT_DATA}
 #   rft        train_rft.sh                    ${RFT_CKPT_DIR}/.stage_done
+#   grpo_tasks python -m tau2_rl_pipeline.difficulty ${GRPO_TASKS}: the train tasks whose RFT-sampling pass rate
+#              is in [TAU2_GRPO_MIN_PASS_RATE, TAU2_GRPO_MAX_PASS_RATE] (default: all), counts of each bound's drops
 #   grpo       train_grpo.sh                   ${GRPO_CKPT_DIR}/.stage_done
 #   grpo_hf    convert_megatron_to_hf.sh       ${GRPO_HF_DIR}/config.json
 # Training stages save checkpoints along the way, so their marker is written only once the stage has succeeded.
@@ -25,7 +27,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 SERVER_START_TIMEOUT="${SERVER_START_TIMEOUT:-900}"
 require_uint SERVER_START_TIMEOUT "${SERVER_START_TIMEOUT}"
-STAGES=(download convert tasks sft sft_hf rft_data rft grpo grpo_hf)
+STAGES=(download convert tasks sft sft_hf rft_data rft grpo_tasks grpo grpo_hf)
 DONE_MARKER=.stage_done
 
 stage_outputs() {
@@ -37,6 +39,7 @@ stage_outputs() {
     sft_hf) printf '%s\n' "${SFT_HF_DIR}/config.json" ;;
     rft_data) printf '%s\n' "${RFT_DATA}" ;;
     rft) printf '%s\n' "${RFT_CKPT_DIR}/${DONE_MARKER}" ;;
+    grpo_tasks) printf '%s\n' "${GRPO_TASKS}" ;;
     grpo) printf '%s\n' "${GRPO_CKPT_DIR}/${DONE_MARKER}" ;;
     grpo_hf) printf '%s\n' "${GRPO_HF_DIR}/config.json" ;;
   esac
@@ -131,9 +134,15 @@ run_stage() {
       stop_server policy
       ;;
     rft) stage_cmd bash "${SCRIPTS_DIR}/train_rft.sh" ;;
+    grpo_tasks)
+      require_file "${RFT_EPISODES}" "the RFT stage's episode file (scripts/generate_rft.sh)"
+      enter_dir "${TAU2_ROOT}"
+      run "${PYTHON}" -m tau2_rl_pipeline.difficulty --episodes "${RFT_EPISODES}" \
+        --tasks "${TASKS_DIR}/tau2_train_all_tasks.jsonl" --out "${GRPO_TASKS}"
+      ;;
     grpo)
       ensure_user_sim
-      stage_cmd bash "${SCRIPTS_DIR}/train_grpo.sh"
+      stage_cmd env GRPO_PROMPT_DATA="${GRPO_PROMPT_DATA:-${GRPO_TASKS}}" bash "${SCRIPTS_DIR}/train_grpo.sh"
       ;;
     grpo_hf) stage_cmd env CKPT_IN="${GRPO_CKPT_DIR}" HF_OUT="${GRPO_HF_DIR}" bash "${SCRIPTS_DIR}/convert_megatron_to_hf.sh" ;;
   esac

@@ -45,6 +45,9 @@ GRPO_MAX_RESPONSE_LEN="${GRPO_MAX_RESPONSE_LEN:-4096}"   # SGLang max_new_tokens
 GRPO_SAVE_INTERVAL="${GRPO_SAVE_INTERVAL:-20}"
 GRPO_MAX_TOKENS_PER_GPU="${GRPO_MAX_TOKENS_PER_GPU:-12288}"
 GRPO_SGLANG_MEM_FRACTION="${GRPO_SGLANG_MEM_FRACTION:-0.7}"
+# grpo: slime's PPO-clip policy loss; awsft: advantage-weighted SFT (tau2_rl_pipeline/slime_awsft.py, a slime
+# custom loss) on the same episodes, advantages and KL reference.
+GRPO_ALGORITHM="${GRPO_ALGORITHM:-grpo}"
 # true: drop groups whose samples all got the same reward (no GRPO signal) and sample more (a Tau2Config field).
 FILTER_ZERO_STD="$(bool_setting TAU2_FILTER_ZERO_STD "${TAU2_FILTER_ZERO_STD:-0}")"
 GRPO_ASYNC="$(bool_setting GRPO_ASYNC "${GRPO_ASYNC:-0}")"
@@ -62,6 +65,7 @@ for name in GRPO_EPS_CLIP GRPO_EPS_CLIP_HIGH GRPO_KL_LOSS_COEF GRPO_ENTROPY_COEF
   require_number "${name}" "${!name}"
 done
 require_choice GRPO_KL_LOSS_TYPE "${GRPO_KL_LOSS_TYPE}" k1 k2 k3 low_var_kl
+require_choice GRPO_ALGORITHM "${GRPO_ALGORITHM}" grpo awsft
 SAMPLES=$((GRPO_ROLLOUT_BATCH_SIZE * GRPO_N_SAMPLES))
 ((SAMPLES % GRPO_GLOBAL_BATCH_SIZE == 0)) ||
   die "GRPO_GLOBAL_BATCH_SIZE=${GRPO_GLOBAL_BATCH_SIZE} must divide the ${SAMPLES} samples of a rollout"
@@ -146,6 +150,9 @@ CUSTOM_ARGS=(
   --custom-generate-function-path tau2_rl_pipeline.slime_adapter.generate
   --custom-reward-post-process-path tau2_rl_pipeline.slime_adapter.reward_post_process
 )
+if [[ "${GRPO_ALGORITHM}" == awsft ]]; then
+  CUSTOM_ARGS+=(--loss-type custom_loss --custom-loss-function-path tau2_rl_pipeline.slime_awsft.awsft_loss_function)
+fi
 if [[ "${FILTER_ZERO_STD}" == 1 ]]; then
   CUSTOM_ARGS+=(--dynamic-sampling-filter-path tau2_rl_pipeline.slime_adapter.filter_zero_std_groups)
 fi

@@ -11,14 +11,21 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
+import difflib
 import math
 import os
+import sys
 import textwrap
 import typing
 from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
 ENV_PREFIX = "TAU2_"
+# TAU2_* variables read elsewhere than Tau2Config (configs/.env.template, "Other variables"): the scripts' layout
+# and output directory, the tests', tau2's log level, and tau2-bench's own data directory.
+OTHER_VARIABLES = ("TAU2_LOG_LEVEL", "TAU2_QWEN3_TOKENIZER", "TAU2_VENV", "TAU2_TEST_WORKERS", "TAU2_THIRD_PARTY",
+                   "TAU2_GPU_LAYOUT", "TAU2_OUT_DIR", "TAU2_DATA_DIR")
+_warned: set[str] = set()
 
 
 class ConfigError(ValueError):
@@ -49,14 +56,23 @@ class Tau2Config:
         "how tau2's LLM user reaches its model: async = the project's client of an OpenAI-compatible "
         "/v1/chat/completions on the event loop, sending tau2's requests (a local server); litellm = tau2's own "
         "UserSimulator over litellm on worker threads (provider models: API keys, routing); auto = async when "
-        "TAU2_USER_API_BASE is set and TAU2_USER_MODEL starts with openai/, else litellm",
+        "TAU2_USER_API_BASE is set and TAU2_USER_MODEL starts with openai/ (and TAU2_USER_STRATEGY is llm), else litellm",
         choices=("auto", "async", "litellm")))
     user_max_in_flight: int = field(default=256, metadata=_meta(
         "user-simulator requests open at once through the async client, per rollout process", min_value=1))
-    # -- NL-assertion judge (tau2 1.0.1's retail reward; judge.py) -------------------------------
+    user_strategy: str = field(default="llm", metadata=_meta(
+        "how the LLM user simulator writes each message (the original tau-bench's strategies): llm = tau2's "
+        "own; react = a thought, then the message (the thought is stripped); verify = a second call checks the "
+        "message against the scenario and regenerates when it does not fit; reflection = on a failed check, "
+        "reflect, then retry", choices=("llm", "react", "verify", "reflection")))
+    user_strategy_max_checks: int = field(default=2, metadata=_meta(
+        "verify / reflection: checks of one user message; after this many failed checks the last message is "
+        "kept", min_value=1))
+    # -- LLM judge: tau2 1.0.1's NL assertions (judge.py) and the TAU2_USE_JUDGE reward (judge_reward.py) --
     judge_model: str = field(default="", metadata=_meta(
-        "litellm model name of tau2 1.0.1's NL-assertion judge; empty = tau2's default (gpt-4.1-2025-04-14); "
-        "openai/<served name> with TAU2_JUDGE_API_BASE for a local server (scripts/start_judge.sh)"))
+        "litellm model name of the judge (tau2 1.0.1's NL assertions, and the rubric reward of TAU2_USE_JUDGE); "
+        "empty = tau2's default (gpt-4.1-2025-04-14); openai/<served name> with TAU2_JUDGE_API_BASE for a local "
+        "server (scripts/start_judge.sh)"))
     judge_api_base: str = field(default="", metadata=_meta(
         "API base of the judge, e.g. http://127.0.0.1:30002/v1; empty = the provider default"))
     judge_timeout_s: float = field(default=120.0, metadata=_meta(
@@ -97,7 +113,7 @@ class Tau2Config:
         "recorded (instead of training on empty masks)", min_value=0))
     # -- reward shaping (reward.py) ---------------------------------------------------------------
     use_partial_credit: bool = field(default=True, metadata=_meta(
-        "add alpha * partial score to the task reward; off = the shaped reward is tau2's task reward"))
+        "add alpha * partial score to the task reward; off = no partial-score term"))
     partial_weights: tuple[float, ...] = field(default=(0.5, 0.15, 0.35, 0.0), metadata=_meta(
         "partial-score weights action,communicate,env_assertion,db (averaged over the components a "
         "RewardInfo has)"))
@@ -115,7 +131,21 @@ class Tau2Config:
         "alpha multiplier for airline (other domains, e.g. mock, use 1.0)", min_value=0.0))
     alpha_mult_telecom: float = field(default=1.6, metadata=_meta(
         "alpha multiplier for telecom (more partial credit for its dual-control turns)", min_value=0.0))
+    format_penalty: float = field(default=0.0, metadata=_meta(
+        "subtracted from the shaped reward per parse error or refused tool call in the episode; 0 = off",
+        min_value=0.0))
+    format_penalty_max: float = field(default=0.5, metadata=_meta(
+        "the most the format penalty takes from one episode's shaped reward", min_value=0.0))
+    use_judge: bool = field(default=False, metadata=_meta(
+        "score each finished conversation with an LLM judge's rubric and add it as the partial score's judge "
+        "component (needs TAU2_JUDGE_MODEL and TAU2_JUDGE_API_BASE; timeout, retries and backoff are the "
+        "TAU2_JUDGE_* ones); a judge that fails after retries aborts the episode, never scores it"))
+    judge_weight: float = field(default=0.2, metadata=_meta(
+        "weight of the judge component beside the TAU2_PARTIAL_WEIGHTS components", min_value=0.0))
     # -- GRPO advantages and curriculum (reward.py, curriculum.py) -------------------------------
+    use_curriculum: bool = field(default=True, metadata=_meta(
+        "the original cookbook's curriculum switch: off = every task weighs 1.0 and tasks are drawn uniformly "
+        "(counts are still kept and saved)"))
     grpo_std_normalization: bool = field(default=True, metadata=_meta(
         "divide group-centred rewards by the group's std + 1e-6 (off = Dr. GRPO, mean-centring only)"))
     filter_zero_std: bool = field(default=False, metadata=_meta(
@@ -145,12 +175,19 @@ class Tau2Config:
     sampler_floor: float = field(default=0.05, metadata=_meta(
         "least learning-value weight, so solved and unsolved tasks are still drawn (> 0)",
         max_value=0.25))
+    grpo_min_pass_rate: float = field(default=0.0, metadata=_meta(
+        "difficulty filter: GRPO trains on tasks whose RFT-sampling pass rate is at least this", min_value=0.0,
+        max_value=1.0))
+    grpo_max_pass_rate: float = field(default=1.0, metadata=_meta(
+        "difficulty filter: and at most this (e.g. 0.85 drops the nearly always solved tasks); 0 and 1 keep all",
+        min_value=0.0, max_value=1.0))
 
     # -- construction ---------------------------------------------------------------------------
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> "Tau2Config":
         """Defaults, then `TAU2_*` variables, then explicit overrides (CLI flags); validated."""
         environ = os.environ if environ is None else environ
+        warn_unknown_variables(environ)
         hints = typing.get_type_hints(cls)
         values: dict[str, Any] = {}
         for f in fields(cls):
@@ -188,6 +225,12 @@ class Tau2Config:
         if self.curriculum_hard_threshold >= self.curriculum_solved_threshold:
             raise ConfigError(f"{env_var('curriculum_hard_threshold')}={self.curriculum_hard_threshold!r} must be "
                               f"below {env_var('curriculum_solved_threshold')}={self.curriculum_solved_threshold!r}")
+        if self.grpo_min_pass_rate > self.grpo_max_pass_rate:
+            raise ConfigError(f"{env_var('grpo_min_pass_rate')}={self.grpo_min_pass_rate!r} must not exceed "
+                              f"{env_var('grpo_max_pass_rate')}={self.grpo_max_pass_rate!r}")
+        if self.use_judge and not (self.judge_model and self.judge_api_base):
+            raise ConfigError(f"{env_var('use_judge')}=1 needs {env_var('judge_model')} and "
+                              f"{env_var('judge_api_base')} (an OpenAI-compatible server)")
         if self.sampler_floor <= 0:
             raise ConfigError(f"{env_var('sampler_floor')}={self.sampler_floor!r} must be > 0 "
                               "(a zero weight would never draw a solved task again)")
@@ -198,6 +241,27 @@ class Tau2Config:
 
 def env_var(field_name: str) -> str:
     return ENV_PREFIX + field_name.upper()
+
+
+def unknown_variable_warnings(environ: Mapping[str, str]) -> list[str]:
+    """One line for each TAU2_* variable that nothing reads (a typo is otherwise silently ignored), naming the
+    closest known variable."""
+    known = sorted({env_var(f.name) for f in fields(Tau2Config)} | set(OTHER_VARIABLES))
+    lines = []
+    for name in sorted(n for n in environ if n.startswith(ENV_PREFIX) and n not in known):
+        close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+        hint = f"did you mean {close[0]}?" if close else "the known ones are in configs/.env.template"
+        lines.append(f"warning: {name} is not a setting of this cookbook and is ignored; {hint}")
+    return lines
+
+
+def warn_unknown_variables(environ: Mapping[str, str]) -> None:
+    """Print `unknown_variable_warnings` to stderr, each variable once per process."""
+    for line in unknown_variable_warnings(environ):
+        name = line.split()[1]
+        if name not in _warned:
+            _warned.add(name)
+            print(line, file=sys.stderr)
 
 
 _TRUE = {"1", "true", "yes", "on"}

@@ -57,9 +57,9 @@ class CurriculumTracker:
     # -- advantage weights -----------------------------------------------------------------------
     def weight(self, task_key: str) -> float:
         """1.0 until min_attempts; then the solved weight above the solved threshold, the hard weight below
-        the hard threshold (both strict), else 1.0."""
+        the hard threshold (both strict), else 1.0. Always 1.0 with the curriculum off (TAU2_USE_CURRICULUM=0)."""
         cfg = self.cfg
-        if self.attempts.get(task_key, 0) < cfg.curriculum_min_attempts:
+        if not cfg.use_curriculum or self.attempts.get(task_key, 0) < cfg.curriculum_min_attempts:
             return 1.0
         rate = self.success_rate(task_key)
         if rate > cfg.curriculum_solved_threshold:
@@ -72,8 +72,9 @@ class CurriculumTracker:
     def sampling_weights(self, task_keys: Sequence[str]) -> list[float]:
         """Draw weights: all 1.0 for the uniform sampler; for learning_value max(p(1-p), floor) with
         p = (successes + 1) / (attempts + 2), so an unseen task gets the neutral prior p = 0.5 (weight 0.25,
-        the most a task can have) and a solved or hopeless task keeps being drawn at the floor."""
-        if self.cfg.task_sampler == "uniform":
+        the most a task can have) and a solved or hopeless task keeps being drawn at the floor. Uniform with the
+        curriculum off."""
+        if self.cfg.task_sampler == "uniform" or not self.cfg.use_curriculum:
             return [1.0] * len(task_keys)
         weights = []
         for key in task_keys:

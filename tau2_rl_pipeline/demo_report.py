@@ -1,5 +1,6 @@
-"""The local pipeline's report: each stage's Pass@K numbers with their counts, the GRPO steps with and without
-learning signal, and two charts (axes from zero, counts on them)."""
+"""The local pipeline's report: each stage's Pass@K numbers with their counts, the policy stages' (GRPO, AWSFT)
+steps with and without learning signal, and charts (axes from zero, counts on them). The stage chart and table
+show every evaluated stage in report order, so an AWSFT stage shows beside GRPO's."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 from rich.console import Console
 
 STAGES = ("base", "sft", "rft", "grpo")
+ALGORITHMS = ("grpo", "awsft")  # the policy stage's loss: PPO-clip, or advantage-weighted SFT
 
 
 def stage_numbers(summary: dict, domain: str) -> dict:
@@ -20,12 +22,13 @@ def stage_numbers(summary: dict, domain: str) -> dict:
 
 
 def has_signal(step: dict) -> bool:
-    """A GRPO step trained on something: at least one sequence with a non-zero advantage."""
+    """A policy step trained on something (GRPO: at least one sequence with a non-zero advantage)."""
     return step["trained_sequences"] > 0
 
 
 def grpo_summary(history: list[dict]) -> dict:
-    """The GRPO history with how many of its steps had a learning signal (and groups, episodes behind them)."""
+    """A policy stage's history with how many of its steps had a learning signal (and groups, episodes behind
+    them)."""
     return {"history": history, "steps": len(history), "steps_with_signal": sum(map(has_signal, history)),
             "groups": sum(h["groups"] for h in history),
             "groups_with_signal": sum(h["groups"] - h["groups_without_signal"] for h in history),
@@ -36,36 +39,39 @@ def write_charts(report: dict, out: Path) -> list[Path]:
     import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    paths = []
-    history = report.get("grpo", {}).get("history", [])
-    if history:
-        fig, ax = plt.subplots(figsize=(7, 3.8))
-        steps = [h["step"] for h in history]
-        ax.plot(steps, [h["raw_reward_mean"] for h in history], marker="o", label="task reward (tau2)")
-        ax.plot(steps, [h["shaped_reward_mean"] for h in history], marker="s", label="shaped reward")
-        # shaped rewards reach 1 + alpha; the counts sit in a band above the highest point
-        top = max(1.0, *(h["shaped_reward_mean"] for h in history), *(h["raw_reward_mean"] for h in history)) + 0.2
-        quiet = [h["step"] for h in history if not has_signal(h)]
-        for i, step in enumerate(quiet):
-            ax.axvspan(step - 0.4, step + 0.4, color="0.85", zorder=0,
-                       label="no signal: nothing trained" if i == 0 else None)
-        for h in history:  # the counts behind each point: episodes, and groups with signal of all groups
-            ax.annotate(f"E={h['episodes']}\n{h['groups'] - h['groups_without_signal']}/{h['groups']}",
-                        (h["step"], top), ha="center", va="top", fontsize=7)
-        ax.set_ylim(0, top)
-        ax.set_xticks(steps)
-        ax.set_xlabel("GRPO step (each draws its own tasks; E episodes, groups with signal / groups)")
-        ax.set_ylabel("mean reward over the step's episodes")
-        paths.append(_finish(fig, ax, f"GRPO on {report['domain']} (scripted user: plumbing check)",
-                             out / "grpo_reward.png"))
+    paths = [_reward_chart(report, algorithm, out) for algorithm in ALGORITHMS
+             if report.get(algorithm, {}).get("history")]
     if report["stages"]:
         from tau2_rl_pipeline.pictures import stage_chart
 
         stage_chart.render(report, out / "stages_passk.png")
         paths.append(out / "stages_passk.png")
     return paths
+
+
+def _reward_chart(report: dict, algorithm: str, out: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    history = report[algorithm]["history"]
+    fig, ax = plt.subplots(figsize=(7, 3.8))
+    steps = [h["step"] for h in history]
+    ax.plot(steps, [h["raw_reward_mean"] for h in history], marker="o", label="task reward (tau2)")
+    ax.plot(steps, [h["shaped_reward_mean"] for h in history], marker="s", label="shaped reward")
+    # shaped rewards reach 1 + alpha; the counts sit in a band above the highest point
+    top = max(1.0, *(h["shaped_reward_mean"] for h in history), *(h["raw_reward_mean"] for h in history)) + 0.2
+    quiet = [h["step"] for h in history if not has_signal(h)]
+    for i, step in enumerate(quiet):
+        ax.axvspan(step - 0.4, step + 0.4, color="0.85", zorder=0,
+                   label="no signal: nothing trained" if i == 0 else None)
+    for h in history:  # the counts behind each point: episodes, and groups with signal of all groups
+        ax.annotate(f"E={h['episodes']}\n{h['groups'] - h['groups_without_signal']}/{h['groups']}",
+                    (h["step"], top), ha="center", va="top", fontsize=7)
+    ax.set_ylim(min(0.0, *(h["shaped_reward_mean"] for h in history)), top)  # a format penalty goes below 0
+    ax.set_xticks(steps)
+    ax.set_xlabel(f"{algorithm.upper()} step (each draws its own tasks; E episodes, groups with signal / groups)")
+    ax.set_ylabel("mean reward over the step's episodes")
+    return _finish(fig, ax, f"{algorithm.upper()} on {report['domain']} (scripted user: plumbing check)",
+                   out / f"{algorithm}_reward.png")
 
 
 def _finish(fig, ax, title: str, path: Path) -> Path:
@@ -105,8 +111,9 @@ def summary_lines(report: dict) -> list[str]:
         base_p1, sft_p1 = (report["stages"][s]["pass@1"]["value"] for s in ("base", "sft"))
         lines.append(f"SFT pass@1 {sft_p1:.3f} vs untrained pass@1 {base_p1:.3f}: SFT is "
                      f"{'above' if sft_p1 > base_p1 else 'NOT above'} the untrained model")
-    grpo = report.get("grpo")
-    if grpo:
-        lines.append(f"GRPO: {grpo['steps_with_signal']}/{grpo['steps']} steps with signal "
-                     f"({grpo['groups_with_signal']}/{grpo['groups']} groups, {grpo['episodes']} episodes)")
+    for algorithm in ALGORITHMS:
+        policy = report.get(algorithm)
+        if policy:
+            lines.append(f"{algorithm.upper()}: {policy['steps_with_signal']}/{policy['steps']} steps with signal "
+                         f"({policy['groups_with_signal']}/{policy['groups']} groups, {policy['episodes']} episodes)")
     return lines

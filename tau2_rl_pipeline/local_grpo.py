@@ -1,5 +1,7 @@
-"""The local pipeline's GRPO stage: sample groups with the local engine, shape and normalize rewards as the slime
-run does (reward.post_process, the curriculum), one PPO-clip step per rollout batch.
+"""The local pipeline's policy stage: sample groups with the local engine, shape and normalize rewards as the slime
+run does (reward.post_process, the curriculum; the judge component when TAU2_USE_JUDGE is on), then one PPO-clip
+step (`grpo`) or one advantage-weighted SFT step (`awsft`) per rollout batch, on the tasks the difficulty filter
+keeps from the RFT stage's pass rates (`difficulty_task_ids`).
 
 Resumable step by step: after each step the weights, the optimizer state and the curriculum counts go to
 `<grpo dir>/step_<k>/` and then `progress.json` names that step (the commit point). A rerun restores all three
@@ -23,8 +25,10 @@ import torch
 
 from tau2_rl_pipeline.config import Tau2Config
 from tau2_rl_pipeline.curriculum import STATE_FILE, CurriculumTracker
+from tau2_rl_pipeline.difficulty import FilterStats, filter_tasks, pass_rates
 from tau2_rl_pipeline.engines import SamplingParams, TransformersEngine
 from tau2_rl_pipeline.files import atomic_write_bytes
+from tau2_rl_pipeline.judge_reward import JudgeClient, judge_trajectory
 from tau2_rl_pipeline.reward import post_process, task_key
 from tau2_rl_pipeline.rollout import run_episode
 from tau2_rl_pipeline.slime_adapter import fill_sample
@@ -83,15 +87,37 @@ class GrpoSettings:
     seed: int
     device: str = "cpu"
     wandb_project: str | None = None
+    algorithm: str = "grpo"  # one of demo_report.ALGORITHMS: grpo (PPO-clip) or awsft (advantage-weighted SFT)
+    task_ids: tuple[str, ...] | None = None  # the split's tasks to draw from (difficulty_task_ids); None = all
+
+
+def difficulty_task_ids(domain: str, split: str, rft_episodes: Path,
+                        cfg: Tau2Config) -> tuple[list[str], FilterStats]:
+    """The split's task ids whose pass rate over the RFT stage's sampled episodes lies in the
+    TAU2_GRPO_{MIN,MAX}_PASS_RATE band (unsampled tasks kept), and the counts of what each bound dropped."""
+    from eval.episodes_file import read_episodes
+
+    rates = pass_rates(read_episodes(rft_episodes).values()) if rft_episodes.exists() else {}
+    kept, stats = filter_tasks([(domain, t.id) for t in load_tasks(domain, split)], rates, cfg)
+    if not kept:
+        raise SystemExit(f"error: {stats.line()}: no task left for the policy stage; widen TAU2_GRPO_MIN_PASS_RATE / "
+                         "TAU2_GRPO_MAX_PASS_RATE")
+    return [tid for _, tid in kept], stats
 
 
 async def _rollouts(domain: str, engine, tokenizer, tasks, n: int, sampling: SamplingParams, cfg: Tau2Config,
                     seed: int):
-    """n episodes per task, in task order (slime's group layout), each with its own sampling seed."""
-    return await asyncio.gather(*[
+    """n episodes per task, in task order (slime's group layout), each with its own sampling seed; judged when
+    TAU2_USE_JUDGE is on."""
+    trajs = await asyncio.gather(*[
         run_episode(domain, task, engine, tokenizer, ScriptedUser(task),
                     SamplingParams(**{**sampling.__dict__, "seed": seed + g * n + i}), cfg)
         for g, task in enumerate(tasks) for i in range(n)])
+    if not cfg.use_judge:
+        return trajs
+    async with JudgeClient(cfg) as judge:
+        return await asyncio.gather(*[judge_trajectory(t, str(tasks[k // n].user_scenario), judge)
+                                      for k, t in enumerate(trajs)])
 
 
 def step_record(step: int, samples: list, raw: list[float], group_size: int, groups_without_signal: int,
@@ -133,9 +159,10 @@ class GrpoProgress:
 
 def grpo_stage(settings: GrpoSettings, start: Path, dest: Path, root: Path, cfg: Tau2Config,
                log_jsonl: Path, report: Callable[[str], None] = print) -> list[dict]:
-    """GRPO from checkpoint `start` for `settings.steps` steps, resuming at the last finished step under `root`;
-    the final weights go to `dest`. Returns every step's record."""
+    """GRPO (or AWSFT: settings.algorithm) from checkpoint `start` for `settings.steps` steps, resuming at the last
+    finished step under `root`; the final weights go to `dest`. Returns every step's record."""
     s = settings
+    name = s.algorithm
     trainer = LocalTrainer(start, TrainConfig(
         log_jsonl=log_jsonl, lr=s.lr, device=s.device, seed=s.seed, micro_batch_size=s.micro_batch_size,
         weight_decay=0.0, kl_coef=s.kl_coef, entropy_coef=s.entropy_coef, rollout_temperature=s.temperature,
@@ -146,15 +173,16 @@ def grpo_stage(settings: GrpoSettings, start: Path, dest: Path, root: Path, cfg:
     if progress.step:
         _restore(trainer, progress.step_dir())
         tracker = CurriculumTracker.restore(cfg, _tracker_path(cfg, progress.step_dir()))
-        report(f"grpo: resuming after step {progress.step} of {s.steps} (its weights, optimizer and curriculum)")
+        report(f"{name}: resuming after step {progress.step} of {s.steps} (its weights, optimizer and curriculum)")
     engine = TransformersEngine(trainer.model, trainer.tokenizer, device=s.device)
-    tasks = {t.id: t for t in load_tasks(s.domain, s.split)}
+    wanted = None if s.task_ids is None else set(s.task_ids)
+    tasks = {t.id: t for t in load_tasks(s.domain, s.split) if wanted is None or t.id in wanted}
     keys = [f"{s.domain}/{tid}" for tid in tasks]
     sampling = SamplingParams(temperature=s.temperature, max_new_tokens=s.max_new_tokens,
                               stop_token_ids=(trainer.tokenizer.eos_token_id,))
     history = list(progress.history)
     for step in range(progress.step + 1, s.steps + 1):
-        rng = random.Random(f"grpo-draw/{s.seed}/{step}")
+        rng = random.Random(f"{name}-draw/{s.seed}/{step}")
         k = min(s.tasks_per_step, len(keys))
         chosen = tracker.draw(keys, k, rng) if cfg.task_sampler == "learning_value" else rng.sample(keys, k)
         trainer.model.eval()
@@ -165,18 +193,22 @@ def grpo_stage(settings: GrpoSettings, start: Path, dest: Path, root: Path, cfg:
         samples = [fill_sample(LocalSample(), t, cfg, trainer.tokenizer) for t in trajs]
         zero_before = tracker.zero_signal_groups
         raw, advantages = post_process(samples, s.n, cfg, tracker)
+        # GRPO: a zero advantage adds nothing but tokens to the mean. AWSFT trains on every kept sample, as slime
+        # does (weight 1 at advantage 0); TAU2_FILTER_ZERO_STD removes equal-reward groups on both paths.
         examples = [examples_from_trajectory(t.prompt_ids, t.response_ids, t.loss_mask, t.rollout_logprobs, a)
-                    for t, smp, a in zip(trajs, samples, advantages) if not smp.remove_sample and a != 0.0]
+                    for t, smp, a in zip(trajs, samples, advantages)
+                    if not smp.remove_sample and (a != 0.0 or name == "awsft")]
         record = {**step_record(step, samples, raw, s.n, tracker.zero_signal_groups - zero_before, len(examples)),
-                  "rollout_s": rollout_s}
-        if examples:  # every group all-equal (all solved or all failed): GRPO has nothing to learn from
+                  "rollout_s": rollout_s, "aborted": sum(smp.status.name == "ABORTED" for smp in samples),
+                  "judge_calls": sum(t.judge_calls for t in trajs)}
+        if examples:  # GRPO: every group all-equal (all solved or all failed) leaves nothing to learn from
             trainer.model.train()
-            update = trainer.grpo_step(examples)
-            record.update({f"train_{name}": v for name, v in update.items() if isinstance(v, (int, float))})
+            update = trainer.awsft_step(examples) if name == "awsft" else trainer.grpo_step(examples)
+            record.update({f"train_{key}": v for key, v in update.items() if isinstance(v, (int, float))})
         history.append(record)
         _save_step(trainer, progress.step_dir(step), tracker, cfg)
         progress.commit(step, history)
-        report(f"grpo step {step}/{s.steps}: reward {record['raw_reward_mean']:.3f} "
+        report(f"{name} step {step}/{s.steps}: reward {record['raw_reward_mean']:.3f} "
                f"(shaped {record['shaped_reward_mean']:.3f}) over {record['episodes']} episodes, "
                f"{record['groups_without_signal']}/{record['groups']} groups without signal, "
                f"trained on {len(examples)} sequences")

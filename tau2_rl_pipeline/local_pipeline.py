@@ -1,13 +1,15 @@
 """The embedded default: the staged recipe (SFT -> RFT -> GRPO, each evaluated) on one machine, CPU or one GPU.
 
     python -m tau2_rl_pipeline.local_pipeline --domain mock --out outputs/demo      # what scripts/demo.sh runs
+    python -m tau2_rl_pipeline.local_pipeline --algorithm grpo,awsft   # both policy stages from the RFT checkpoint
 
 It runs the same episode, rollout, reward shaping, curriculum and group normalization as the slime run; only the
 engine (in-process transformers instead of SGLang) and the trainer (tau2_rl_pipeline.trainer instead of Megatron)
 differ. The user side is the offline ScriptedUser, so the numbers are a plumbing and learning-signal check, not
 tau2 scores. Each stage's output under --out is recorded with the settings that made it (stage_book.py): a rerun
 skips what is done with the same settings (and says so), resumes what is unfinished (an evaluation's episodes,
-GRPO's finished steps) and redoes what other settings change.
+GRPO's finished steps) and redoes what other settings change. The policy stage (GRPO, or AWSFT with --algorithm)
+draws from the tasks whose RFT-sampling pass rate lies in the TAU2_GRPO_{MIN,MAX}_PASS_RATE band.
 """
 
 from __future__ import annotations
@@ -21,12 +23,14 @@ import subprocess
 import sys
 import time
 from dataclasses import asdict
+from functools import partial
 from pathlib import Path
 
 from rich.console import Console
 
 from tau2_rl_pipeline.config import ConfigError, Tau2Config, add_config_args, command_parser, config_from_args
 from tau2_rl_pipeline.demo_report import (
+    ALGORITHMS,
     grpo_summary,
     print_stage_table,
     stage_numbers,
@@ -34,7 +38,7 @@ from tau2_rl_pipeline.demo_report import (
     write_charts,
 )
 from tau2_rl_pipeline.files import atomic_write_bytes
-from tau2_rl_pipeline.local_grpo import GrpoSettings, grpo_stage
+from tau2_rl_pipeline.local_grpo import GrpoSettings, difficulty_task_ids, grpo_stage
 from tau2_rl_pipeline.rft import select_rft
 from tau2_rl_pipeline.sft_data import oracle_demonstrations
 from tau2_rl_pipeline.stage_book import SKIP, StageBook, StaleOutputError
@@ -46,7 +50,9 @@ DEMO_MAX_TURNS = 8  # unless --max-turns or TAU2_MAX_TURNS say otherwise: mock t
 DEMO_TASK_SAMPLER = "learning_value"  # unless --task-sampler or TAU2_TASK_SAMPLER say otherwise (see main)
 # Config fields that change how fast episodes run, or the LLM user the scripted user replaces, never an outcome.
 NOT_OUTCOME = {"episode_workers", "fast_env", "user_model", "user_api_base", "user_temperature", "user_max_retries",
-               "user_timeout_s", "curriculum_state_path"}
+               "user_timeout_s", "user_strategy", "user_strategy_max_checks", "curriculum_state_path"}
+# Config fields only the policy stage reads (its task band, the judge reward): they redo it, not RFT or evaluations.
+POLICY_ONLY = {"grpo_min_pass_rate", "grpo_max_pass_rate", "use_judge", "judge_weight"}
 console = Console(stderr=True)
 
 
@@ -187,7 +193,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--rft-temperature", type=float, default=0.8)
     g.add_argument("--rft-epochs", type=int, default=10)
     g.add_argument("--rft-lr", type=float, default=1e-3)
-    g = p.add_argument_group("GRPO")
+    g = p.add_argument_group("GRPO / AWSFT (advantage-weighted SFT): the policy stage")
+    g.add_argument("--algorithm", default="grpo", type=_algorithms, metavar="NAMES",
+                   help="grpo, awsft, or both: grpo,awsft")
     g.add_argument("--grpo-steps", type=int, default=6)
     g.add_argument("--grpo-tasks-per-step", type=int, default=3)
     g.add_argument("--grpo-n", type=int, default=8, help="samples per task (the GRPO group)")
@@ -200,9 +208,19 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _algorithms(text: str) -> tuple[str, ...]:
+    names = tuple(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
+    unknown = [n for n in names if n not in ALGORITHMS]
+    if not names or unknown:
+        raise argparse.ArgumentTypeError(f"{text!r}: choose from {', '.join(ALGORITHMS)} (comma-separated)")
+    return names
+
+
 def stage_settings(args, cfg: Tau2Config, split: str, eval_split: str) -> dict[str, dict]:
-    """For each stage and each evaluation, the settings its output depends on, those of earlier stages included."""
-    episodes = {name: value for name, value in asdict(cfg).items() if name not in NOT_OUTCOME}
+    """For each stage and each evaluation, the settings its output depends on, those of earlier stages included.
+    Each policy stage (--algorithm) starts from the RFT checkpoint, so GRPO's settings are AWSFT's but its name."""
+    config = asdict(cfg)
+    episodes = {name: value for name, value in config.items() if name not in NOT_OUTCOME | POLICY_ONLY}
     episodes.update(max_new_tokens=args.max_new_tokens)
     base = {"domain": args.domain, "model": args.model, "tokenizer": args.tokenizer, "hidden_size": args.hidden_size,
             "num_layers": args.num_layers, "vocab_size": args.vocab_size, "seed": args.seed}
@@ -210,12 +228,13 @@ def stage_settings(args, cfg: Tau2Config, split: str, eval_split: str) -> dict[s
            "micro_batch_size": args.micro_batch_size}
     rft = {**sft, **episodes, "rft_samples": args.rft_samples, "rft_temperature": args.rft_temperature,
            "rft_epochs": args.rft_epochs, "rft_lr": args.rft_lr}
-    grpo = {**rft, "grpo_steps": args.grpo_steps, "grpo_tasks_per_step": args.grpo_tasks_per_step,
-            "grpo_n": args.grpo_n, "grpo_lr": args.grpo_lr, "grpo_temperature": args.grpo_temperature,
-            "kl_coef": args.kl_coef, "entropy_coef": args.entropy_coef}
+    policy = {**rft, **{name: config[name] for name in sorted(POLICY_ONLY)},
+              "grpo_steps": args.grpo_steps, "grpo_tasks_per_step": args.grpo_tasks_per_step,
+              "grpo_n": args.grpo_n, "grpo_lr": args.grpo_lr, "grpo_temperature": args.grpo_temperature,
+              "kl_coef": args.kl_coef, "entropy_coef": args.entropy_coef}
     evaluation = {**episodes, "eval_split": eval_split, "eval_samples": args.eval_samples,
                   "eval_temperature": args.eval_temperature}
-    made = {"base": base, "sft": sft, "rft": rft, "grpo": grpo}
+    made = {"base": base, "sft": sft, "rft": rft, **{algorithm: policy for algorithm in args.algorithm}}
     return {**made, **{f"eval {stage}": {**settings, **evaluation} for stage, settings in made.items()}}
 
 
@@ -224,9 +243,11 @@ def run_stages(args, cfg: Tau2Config, split: str, eval_split: str) -> dict:
     out = args.out
     book = StageBook(out)
     settings = stage_settings(args, cfg, split, eval_split)
-    book.refuse_unrecorded([out / "sft", out / "rft", out / "grpo", out / "eval", out / "report.json"])
+    book.refuse_unrecorded([out / "sft", out / "rft", *(out / a for a in ALGORITHMS), out / "eval",
+                            out / "report.json"])
     base = prepare_model(args, out)
-    checkpoints = {"base": base, "sft": out / "sft", "rft": out / "rft", "grpo": out / "grpo" / "model"}
+    checkpoints = {"base": base, "sft": out / "sft", "rft": out / "rft",
+                   **{algorithm: out / algorithm / "model" for algorithm in ALGORITHMS}}
 
     def stage(name: str, outputs: list[Path], work, also_remove: list[Path] = ()):
         plan = book.plan(name, settings[name], outputs, also_remove)
@@ -245,7 +266,7 @@ def run_stages(args, cfg: Tau2Config, split: str, eval_split: str) -> dict:
 
     report = {"domain": args.domain, "train_split": split, "eval_split": eval_split,
               "note": "offline scripted user and a tiny model: a plumbing and learning-signal check, not a tau2 score",
-              "settings": settings["grpo"], "stages": {}}
+              "settings": settings[args.algorithm[-1]], "stages": {}}
     report["stages"]["base"] = evaluated("base")
 
     def sft_work() -> dict:
@@ -267,18 +288,24 @@ def run_stages(args, cfg: Tau2Config, split: str, eval_split: str) -> dict:
     report["rft"] = stage("rft", [checkpoints["rft"]], rft_work, eval_files(out, "rft_samples"))
     report["stages"]["rft"] = evaluated("rft")
 
-    def grpo_work() -> dict:
-        console.rule("GRPO")
+    def policy_work(algorithm: str) -> dict:
+        console.rule(algorithm.upper())
+        rft_episodes = eval_output(out, "rft_samples").with_suffix(".json.episodes.jsonl")
+        task_ids, band = difficulty_task_ids(args.domain, split, rft_episodes, cfg)
+        say(f"{algorithm}: {band.line()}")
         history = grpo_stage(GrpoSettings(
             domain=args.domain, split=split, steps=args.grpo_steps, tasks_per_step=args.grpo_tasks_per_step,
             n=args.grpo_n, lr=args.grpo_lr, temperature=args.grpo_temperature, max_new_tokens=args.max_new_tokens,
             kl_coef=args.kl_coef, entropy_coef=args.entropy_coef, micro_batch_size=args.micro_batch_size,
-            seed=args.seed, device=args.device, wandb_project=args.wandb_project),
-            checkpoints["rft"], checkpoints["grpo"], out / "grpo", cfg, out / "metrics.jsonl", say)
-        return grpo_summary(history)
+            seed=args.seed, device=args.device, wandb_project=args.wandb_project, algorithm=algorithm,
+            task_ids=tuple(task_ids)),
+            checkpoints["rft"], checkpoints[algorithm], out / algorithm, cfg, out / "metrics.jsonl", say)
+        return {**grpo_summary(history), "grpo_tasks": asdict(band)}
 
-    report["grpo"] = stage("grpo", [checkpoints["grpo"]], grpo_work, [out / "grpo"])
-    report["stages"]["grpo"] = evaluated("grpo")
+    for algorithm in args.algorithm:  # each from the RFT checkpoint, reported side by side
+        report[algorithm] = stage(algorithm, [checkpoints[algorithm]], partial(policy_work, algorithm),
+                                  [out / algorithm])
+        report["stages"][algorithm] = evaluated(algorithm)
     report["wall_s"] = sum(r.get("wall_s", 0.0) for r in book.records.values() if r.get("result"))
     return report
 

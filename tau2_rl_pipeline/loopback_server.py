@@ -24,7 +24,6 @@ import uuid
 from collections import deque
 from collections.abc import Callable, Iterator
 from enum import Enum
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 

@@ -12,6 +12,12 @@ Read from THUDM/slime at commit 624b824a898ab0ec1fcb4d373004c7f3852bf515 (no cod
 - `low_var_kl`: `compute_approx_kl(kl_loss_type="low_var_kl")` in ppo_utils.py: Schulman's k3,
   exp(ref - logp) - 1 - (ref - logp), clamped to [-10, 10]; non-negative, unbiased, zero when policy == reference.
 
+`awsft_loss` is not slime's: advantage-weighted SFT (the stable alternative to policy gradient on long multi-turn
+episodes), teacher-forced NLL of the policy tokens, each episode weighted by its group-normalized advantage mapped
+to a positive weight, w = clamp(clamp(A, -3, 3) + 1, 0.1, 5), plus kl_coef * KL to the reference. It takes the
+reduction as an argument, so the local trainer (token mean) and the slime custom loss (slime's
+`sum_of_sample_mean`, tau2_rl_pipeline/slime_awsft.py) run the same function.
+
 Aggregation is slime's `--calculate-per-token-loss` (`sum_of_token` in slime/backends/megatron_utils/cp_utils.py
 `get_sum_of_sample_mean`, divided by the step's token count in `loss_function`): every mask-1 token of the whole
 optimizer step weighs the same, so a long trajectory counts for more than a short one. slime's default (without
@@ -23,6 +29,8 @@ position 0 (nothing to predict it from) is always 0 with mask 0.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 
@@ -118,6 +126,50 @@ def grpo_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: to
         metrics["kl"] = float(kl.detach())
     metrics["loss"] = float(loss.detach())
     return loss, metrics
+
+
+AWSFT_ADVANTAGE_CLIP = 3.0  # |A| beyond 3 group standard deviations says nothing more
+AWSFT_MIN_WEIGHT = 0.1  # a bad episode is still imitated a little (its format, its tool use), never unlearned
+AWSFT_MAX_WEIGHT = 5.0
+
+
+def awsft_weights(advantages: torch.Tensor) -> torch.Tensor:
+    """w = clamp(clamp(A, -3, 3) + 1, 0.1, 5): positive, 1 at A = 0, linear in between."""
+    clipped = advantages.float().clamp(-AWSFT_ADVANTAGE_CLIP, AWSFT_ADVANTAGE_CLIP)
+    return (clipped + 1.0).clamp(AWSFT_MIN_WEIGHT, AWSFT_MAX_WEIGHT)
+
+
+def awsft_loss(logprobs: torch.Tensor, advantages: torch.Tensor, reduce: Callable[[torch.Tensor], torch.Tensor], *,
+               kl: torch.Tensor | None = None, kl_coef: float = 0.0) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """reduce(-w * logp) + kl_coef * reduce(kl), w = awsft_weights(advantages) broadcast to the tokens.
+
+    `reduce` is the masked aggregation (the local token mean, or slime's sum_of_sample_mean); `kl` the per-token
+    KL estimate to the reference, or None for no KL term. Metrics are detached tensors through the same reduce.
+    """
+    if kl_coef and kl is None:
+        raise ValueError("kl_coef is set but no per-token KL was given")
+    weights = awsft_weights(advantages).expand_as(logprobs)
+    nll = reduce(-weights * logprobs)
+    loss = nll
+    metrics = {"awsft_nll": nll.detach(), "awsft_weight": reduce(weights).detach()}
+    if kl is not None:
+        kl_mean = reduce(kl)
+        loss = loss + kl_coef * kl_mean
+        metrics["kl"] = kl_mean.detach()
+    metrics["loss"] = loss.detach()
+    return loss, metrics
+
+
+def local_awsft_loss(logprobs: torch.Tensor, advantages: torch.Tensor, loss_mask: torch.Tensor, *,
+                     num_tokens: int | None = None, ref_logprobs: torch.Tensor | None = None,
+                     kl_coef: float = 0.0) -> tuple[torch.Tensor, dict[str, float]]:
+    """`awsft_loss` over [batch, seq] tensors as the local trainer aggregates (token mean over `num_tokens`),
+    with low_var_kl to `ref_logprobs` when given."""
+    mask = loss_mask.to(logprobs.dtype)
+    kl = None if ref_logprobs is None else low_var_kl(logprobs, ref_logprobs)
+    loss, metrics = awsft_loss(logprobs, advantages, lambda x: _token_mean(x, mask, num_tokens), kl=kl,
+                               kl_coef=kl_coef)
+    return loss, {k: float(v) for k, v in metrics.items()}
 
 
 def merge_metrics(total: dict[str, float], part: dict[str, float]) -> dict[str, float]:

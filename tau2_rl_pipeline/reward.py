@@ -39,12 +39,14 @@ def partial_weights(domain: str, cfg: Tau2Config) -> dict[str, float]:
     return dict(zip(PARTIAL_COMPONENTS, weights))
 
 
-def partial_score(reward_info: RewardInfo, domain: str, cfg: Tau2Config) -> tuple[float, dict[str, float]]:
+def partial_score(reward_info: RewardInfo, domain: str, cfg: Tau2Config,
+                  judge: float | None = None) -> tuple[float, dict[str, float]]:
     """Weighted mean of the RewardInfo components that are present, and those components.
 
     Components: action = fraction of `action_checks` matched, communicate = fraction of `communicate_checks`
     met, env_assertion = fraction of `env_assertions` met, db = 1 if `db_check.db_match` else 0. A component
-    is present when its checks are a non-empty list (db: when `db_check` is set).
+    is present when its checks are a non-empty list (db: when `db_check` is set). `judge` (an LLM judge's
+    rubric score in [0, 1], TAU2_USE_JUDGE) is one more component, weighted TAU2_JUDGE_WEIGHT.
 
         partial = sum_c w_c * x_c / sum_c w_c      over present components c
 
@@ -60,6 +62,11 @@ def partial_score(reward_info: RewardInfo, domain: str, cfg: Tau2Config) -> tupl
     if reward_info.db_check is not None:
         parts["db"] = 1.0 if reward_info.db_check.db_match else 0.0
     weights = partial_weights(domain, cfg)
+    if judge is not None:
+        if not 0.0 <= judge <= 1.0:
+            raise ValueError(f"a judge score must be in [0, 1], got {judge}")
+        parts["judge"] = judge
+        weights["judge"] = cfg.judge_weight
     total = sum(weights[name] for name in parts)
     if total <= 0:
         return 0.0, parts
@@ -79,11 +86,19 @@ def domain_alpha(domain: str, cfg: Tau2Config) -> float:
     return cfg.reward_alpha * multipliers.get(domain, 1.0)
 
 
-def shaped_reward(task_reward: float, partial: float, domain: str, cfg: Tau2Config) -> float:
-    """task reward + alpha(domain) * partial; the task reward alone when partial credit is off."""
-    if not cfg.use_partial_credit:
-        return task_reward
-    return task_reward + domain_alpha(domain, cfg) * partial
+def format_penalty(format_errors: int, cfg: Tau2Config) -> float:
+    """min(TAU2_FORMAT_PENALTY * errors, TAU2_FORMAT_PENALTY_MAX), errors = the episode's unparsable completions
+    plus its refused tool calls (unknown tools, bad arguments): bounded, so format never outweighs the task."""
+    if format_errors < 0:
+        raise ValueError(f"format_errors must be >= 0, got {format_errors}")
+    return min(cfg.format_penalty * format_errors, cfg.format_penalty_max)
+
+
+def shaped_reward(task_reward: float, partial: float, domain: str, cfg: Tau2Config, penalty: float = 0.0) -> float:
+    """task reward + alpha(domain) * partial - penalty (the format penalty); no partial term when partial
+    credit is off."""
+    bonus = domain_alpha(domain, cfg) * partial if cfg.use_partial_credit else 0.0
+    return task_reward + bonus - penalty
 
 
 # ---------------------------------------------------------------------------------------------------

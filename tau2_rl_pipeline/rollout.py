@@ -71,6 +71,8 @@ class Trajectory:
     refused_call_ids: list[str] = field(default_factory=list)  # never executed: left out of tau2's replay
     turn_meta: list[dict] = field(default_factory=list)  # per policy turn: prompt_tokens, cached_tokens, weight_version
     top_p: TopPSpans | None = None  # each response token's top-p nucleus, when the engine was asked for it
+    judge_score: float | None = None  # an LLM judge's rubric score in [0, 1] (TAU2_USE_JUDGE), else None
+    judge_calls: int = 0  # rubric-judge requests made for this episode, retries included (TAU2_USE_JUDGE)
     judge: dict[str, int] = field(default_factory=dict)  # NL-assertion judge calls and tokens (tau2 1.0.1)
 
     @property

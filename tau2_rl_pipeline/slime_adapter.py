@@ -27,7 +27,14 @@ from tau2_rl_pipeline.config import Tau2Config
 from tau2_rl_pipeline.curriculum import CurriculumTracker, state_path
 from tau2_rl_pipeline.engines import SamplingParams, SGLangEngine
 from tau2_rl_pipeline.env import build_environment
-from tau2_rl_pipeline.reward import filter_equal_reward_groups, partial_score, post_process, shaped_reward
+from tau2_rl_pipeline.judge_reward import JudgeClient, judge_trajectory
+from tau2_rl_pipeline.reward import (
+    filter_equal_reward_groups,
+    format_penalty,
+    partial_score,
+    post_process,
+    shaped_reward,
+)
 from tau2_rl_pipeline.rollout import ABORTED, ROLLOUT_STOPPED, TRUNCATED, Trajectory, run_episode
 from tau2_rl_pipeline.tasks import get_task
 from tau2_rl_pipeline.users import make_user_factory
@@ -89,6 +96,11 @@ def storm_guard(args, cfg: Tau2Config) -> AbortStormGuard:
     """One guard per process and run shape; a window is one rollout's episodes."""
     window = int(args.rollout_batch_size) * int(args.n_samples_per_prompt)
     return _storm_guard(window, cfg.abort_storm_fraction, cfg.abort_storm_patience)
+
+
+@functools.lru_cache(maxsize=None)
+def _judge(cfg: Tau2Config) -> JudgeClient:
+    return JudgeClient(cfg)
 
 
 @functools.lru_cache(maxsize=None)
@@ -156,18 +168,24 @@ def fill_sample(sample, traj: Trajectory, cfg: Tau2Config, tokenizer, *, top_p: 
     for meta in traj.turn_meta:
         sample.prefix_cache_info.add(meta)
     sample.response = tokenizer.decode(response_ids, skip_special_tokens=False)
-    partial, parts = partial_score(traj.reward_info, traj.domain, cfg) if traj.reward_info else (0.0, {})
+    partial, parts = partial_score(traj.reward_info, traj.domain, cfg, traj.judge_score) if traj.reward_info \
+        else (0.0, {})
+    format_errors = traj.parse_errors + traj.refused_calls
+    penalty = format_penalty(format_errors, cfg)
     if traj.status == ABORTED:
         sample.status, sample.reward, sample.remove_sample = status_enum.ABORTED, 0.0, True
     else:
         sample.status = status_enum.TRUNCATED if traj.status == TRUNCATED else status_enum.COMPLETED
-        sample.reward = shaped_reward(traj.reward, partial, traj.domain, cfg)
+        sample.reward = shaped_reward(traj.reward, partial, traj.domain, cfg, penalty)
     earlier = {k: v for k, v in (sample.metadata or {}).items() if k != "start_rollout_id"}
     sample.metadata = {
         **earlier,
         "raw_reward": traj.reward,
         "partial_score": partial,
         "partial_parts": parts,
+        "format_errors": format_errors,
+        "format_penalty": penalty,
+        "judge_calls": traj.judge_calls,
         "reward_info": traj.reward_info.model_dump(mode="json") if traj.reward_info else None,
         "termination_reason": traj.termination_reason,
         "episode_status": traj.status,
@@ -205,6 +223,8 @@ async def generate(args, sample, sampling_params: dict[str, Any], evaluation: bo
                              stop_requested=lambda: state.aborted)
     if traj.status == ABORTED and state.aborted:  # slime's end-of-rollout abort reached the request in flight
         traj = replace(traj, termination_reason=ROLLOUT_STOPPED)
+    if cfg.use_judge:  # a judge that fails aborts the episode: an infrastructure failure, as the guard counts it
+        traj = await judge_trajectory(traj, str(task.user_scenario), _judge(cfg))
     if not evaluation and traj.termination_reason != ROLLOUT_STOPPED:
         storm = guard.record(traj.status == ABORTED, traj.error)
         if storm is not None:

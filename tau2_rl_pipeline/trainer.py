@@ -1,9 +1,10 @@
-"""The local backend's trainer: masked-NLL SFT and GRPO (PPO-clip) steps on a transformers causal LM.
+"""The local backend's trainer: masked-NLL SFT, GRPO (PPO-clip) and advantage-weighted SFT steps on a causal LM.
 
     trainer = LocalTrainer("out/sft", TrainConfig(log_jsonl="out/metrics.jsonl", lr=1e-5))
     trainer.sft([sft_example_from_chat(tokenizer, chat, tools) for chat, tools in demos])
     trainer.grpo_step([examples_from_trajectory(t.prompt_ids, t.response_ids, t.loss_mask, t.rollout_logprobs, a)
                        for t, a in zip(trajectories, advantages)])
+    trainer.awsft_step(same_examples)  # or: advantage-weighted SFT on the same rollout batch (losses.awsft_loss)
     trainer.save("out/step_1")  # a HF model directory: AutoModelForCausalLM / TransformersEngine.from_pretrained
 
 The loss definitions are slime's (see losses.py for which slime function each one follows). One optimizer step
@@ -32,7 +33,7 @@ from typing import Any
 
 import torch
 
-from tau2_rl_pipeline.losses import gather_logprobs, grpo_loss, merge_metrics, sft_loss
+from tau2_rl_pipeline.losses import gather_logprobs, grpo_loss, local_awsft_loss, merge_metrics, sft_loss
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -137,7 +138,7 @@ class TrainConfig:
     epochs: int = 1  # SFT passes over the examples
     eps_clip: float = 0.2  # PPO lower clip: ratio >= 1 - eps_clip
     eps_clip_high: float = 0.28  # PPO upper clip: ratio <= 1 + eps_clip_high (slime's clip-higher)
-    kl_coef: float = 0.0  # > 0 keeps a frozen copy of the starting model and adds kl_coef * low_var_kl
+    kl_coef: float = 0.0  # GRPO and AWSFT: > 0 keeps a frozen copy of the starting model, adds kl_coef * low_var_kl
     entropy_coef: float = 0.0  # loss -= entropy_coef * mean entropy
     rollout_temperature: float = 1.0  # GRPO: logits / T, to score tokens under the distribution they came from
     device: str = "cpu"
@@ -379,22 +380,41 @@ class LocalTrainer:
         logprobs, entropy = self._logprobs(self.model, batch, temperature=cfg.rollout_temperature,
                                            with_entropy=True)
         old = torch.where(batch.has_old, batch.old_logprobs, logprobs.detach())
-        ref = None
-        if self.reference is not None:
-            with torch.no_grad():
-                ref = self._logprobs(self.reference, batch, temperature=cfg.rollout_temperature)[0]
+        ref = self._reference_logprobs(batch, cfg.rollout_temperature)
         return grpo_loss(logprobs, old, batch.advantages, batch.loss_mask, eps_clip=cfg.eps_clip,
                          eps_clip_high=cfg.eps_clip_high, num_tokens=num_tokens,
                          entropy=entropy if cfg.entropy_coef else entropy.detach(), entropy_coef=cfg.entropy_coef,
                          ref_logprobs=ref, kl_coef=cfg.kl_coef)
 
+    def _reference_logprobs(self, batch: _Batch, temperature: float) -> torch.Tensor | None:
+        if self.reference is None:
+            return None
+        with torch.no_grad():
+            return self._logprobs(self.reference, batch, temperature=temperature)[0]
+
+    def _awsft_micro_loss(self, batch: _Batch, num_tokens: int) -> tuple[torch.Tensor, dict[str, float]]:
+        # Scored at the rollout temperature, as slime scores every loss (and its reference log-probs).
+        temperature = self.cfg.rollout_temperature
+        logprobs = self._logprobs(self.model, batch, temperature=temperature)[0]
+        return local_awsft_loss(logprobs, batch.advantages, batch.loss_mask, num_tokens=num_tokens,
+                                ref_logprobs=self._reference_logprobs(batch, temperature), kl_coef=self.cfg.kl_coef)
+
     def grpo_step(self, examples: Sequence[TrainExample]) -> dict[str, Any]:
         """One optimizer step on a rollout batch (all its micro-batches accumulated). Examples without
         old_logprobs are scored against the current weights (ratio 1, as slime without rollout log-probs)."""
+        return self._policy_step("grpo", examples, self._grpo_micro_loss)
+
+    def awsft_step(self, examples: Sequence[TrainExample]) -> dict[str, Any]:
+        """One advantage-weighted SFT step on a rollout batch: each example's NLL weighted by
+        losses.awsft_weights(its advantage), plus kl_coef * low_var_kl to the starting model. old_logprobs are
+        not used (no importance ratio: the stability of SFT)."""
+        return self._policy_step("awsft", examples, self._awsft_micro_loss)
+
+    def _policy_step(self, stage: str, examples: Sequence[TrainExample], micro_loss: Callable) -> dict[str, Any]:
         if not examples:
-            raise ValueError("grpo_step needs at least one example")
-        with _progress(f"grpo step {self.step + 1}", math.ceil(len(examples) / self.cfg.micro_batch_size)) as advance:
-            record = {"stage": "grpo", **self._optimizer_step(examples, self._grpo_micro_loss, advance),
+            raise ValueError(f"{stage}_step needs at least one example")
+        with _progress(f"{stage} step {self.step + 1}", math.ceil(len(examples) / self.cfg.micro_batch_size)) as advance:
+            record = {"stage": stage, **self._optimizer_step(examples, micro_loss, advance),
                       "advantage_mean": sum(e.advantage for e in examples) / len(examples)}
         self.sink.write(record)
         return record

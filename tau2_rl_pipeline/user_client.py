@@ -26,11 +26,10 @@ from typing import Any
 
 from tau2.data_model.message import Message, MultiToolMessage, ToolCall, UserMessage
 from tau2.user.user_simulator import UserSimulator
-
-from tau2_rl_pipeline.tau2_version import UserState, ValidUserInputMessage
 from tau2.utils.llm_utils import to_litellm_messages
 
 from tau2_rl_pipeline.http_post import RequestFailed, RetryingPost
+from tau2_rl_pipeline.tau2_version import UserState, ValidUserInputMessage
 
 logger = logging.getLogger(__name__)
 OPENAI_PREFIX = "openai/"

@@ -126,3 +126,47 @@ def test_readme_documents_every_variable_with_its_default():
     for f in fields(Tau2Config):
         default = ",".join(map(str, f.default)) if isinstance(f.default, tuple) else str(f.default)
         assert f"| `{env_var(f.name)}` | `{default}` |" in readme, env_var(f.name)
+
+
+# ---------------------------------------------------------------------------------------------------
+# unknown TAU2_* variables
+
+
+def test_an_unknown_variable_gets_one_line_naming_the_closest_known_one():
+    from tau2_rl_pipeline.config import unknown_variable_warnings
+
+    lines = unknown_variable_warnings({"TAU2_USE_CURICULUM": "0", "TAU2_REWARD_ALPA": "0.5", "TAU2_ZZZ": "1",
+                                       "TAU2_USE_CURRICULUM": "1", "TAU2_GPU_LAYOUT": "8", "OTHER_ALPA": "1"})
+    assert len(lines) == 3 and all("\n" not in line for line in lines)
+    by_name = {line.split()[1]: line for line in lines}
+    assert by_name["TAU2_USE_CURICULUM"].endswith("did you mean TAU2_USE_CURRICULUM?")
+    assert by_name["TAU2_REWARD_ALPA"].endswith("did you mean TAU2_REWARD_ALPHA?")
+    assert "configs/.env.template" in by_name["TAU2_ZZZ"]
+
+
+def test_from_env_warns_once_per_unknown_variable(capsys):
+    environ = {"TAU2_FORMAT_PENALTI": "0.1"}
+    assert Tau2Config.from_env(environ) == Tau2Config()  # ignored, not fatal
+    Tau2Config.from_env(environ)
+    err = capsys.readouterr().err
+    assert err.count("TAU2_FORMAT_PENALTI") == 1 and "did you mean TAU2_FORMAT_PENALTY?" in err
+    Tau2Config.from_env({"TAU2_LOG_LEVEL": "INFO", "TAU2_QWEN3_TOKENIZER": "x", "TAU2_REWARD_ALPHA": "0.1"})
+    assert capsys.readouterr().err == ""
+
+
+def test_the_other_known_variables_are_the_templates_other_section():
+    from tau2_rl_pipeline.config import OTHER_VARIABLES
+
+    other = re.findall(r"^# (TAU2_\w+)=", _template_section(OTHER_SECTION, None), re.MULTILINE)
+    assert sorted(other) == sorted(OTHER_VARIABLES)
+
+
+@pytest.mark.parametrize("environ,says", [
+    ({"TAU2_GRPO_MIN_PASS_RATE": "0.6", "TAU2_GRPO_MAX_PASS_RATE": "0.5"}, "must not exceed TAU2_GRPO_MAX_PASS_RATE"),
+    ({"TAU2_USE_JUDGE": "1"}, "needs TAU2_JUDGE_MODEL and TAU2_JUDGE_API_BASE"),
+    ({"TAU2_USER_STRATEGY": "shout"}, "not one of: llm, react, verify, reflection"),
+    ({"TAU2_FORMAT_PENALTY": "-1"}, ">= 0"),
+])
+def test_new_recipe_settings_are_checked(environ, says):
+    with pytest.raises(ConfigError, match=says):
+        Tau2Config.from_env(environ)

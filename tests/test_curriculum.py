@@ -188,3 +188,16 @@ def test_save_kill_restore_continues_the_counts(tmp_path):
     again = CurriculumTracker.load(path, CFG)
     assert again.attempts["airline/3"] == n + 3
     assert again.successes["airline/3"] == (n + 1) // 2 + 3
+
+
+def test_use_curriculum_off_means_no_curriculum_but_counts_are_kept():
+    """TAU2_USE_CURRICULUM, the original cookbook's switch: off = weight 1.0 everywhere and uniform draws."""
+    off = Tau2Config.from_env({"TAU2_USE_CURRICULUM": "0", "TAU2_TASK_SAMPLER": "learning_value"})
+    on = replace(off, use_curriculum=True)
+    outcomes = {"solved": [True] * 10, "hard": [False] * 10, "half": [True, False]}
+    assert [_tracker(on, **outcomes).weight(k) for k in ("solved", "hard")] == [0.1, 0.5]
+    tracker = _tracker(off, **outcomes)
+    assert [tracker.weight(k) for k in ("solved", "hard")] == [1.0, 1.0]
+    assert tracker.sampling_weights(["solved", "half"]) == [1.0, 1.0]
+    assert _tracker(on, **outcomes).sampling_weights(["solved", "half"]) == pytest.approx([11 / 144, 0.25])
+    assert tracker.attempts["solved"] == 10 and tracker.success_rate("hard") == 0.0

@@ -82,7 +82,8 @@ def test_pipeline_picture_names_every_stage_script(plans: dict, tmp_path: Path) 
     missing = stage_scripts() - words
     assert not missing, f"not named in the picture: {sorted(missing)}"
     stages = [s.name for s in plans["8"].stages]
-    assert stages == ["download", "convert", "tasks", "sft", "sft_hf", "rft_data", "rft", "grpo", "grpo_hf"]
+    assert stages == ["download", "convert", "tasks", "sft", "sft_hf", "rft_data", "rft", "grpo_tasks", "grpo",
+                      "grpo_hf"]
     assert all(any(t.startswith(f"{i + 1}  {name}") for t in texts) for i, name in enumerate(stages))
     assert (tmp_path / "pipeline.png").read_bytes()[:4] == b"\x89PNG"
 
@@ -92,7 +93,8 @@ def test_pipeline_plan_has_the_files_servers_and_gpus_the_scripts_use(plans: dic
     assert ("data/sft_seed.jsonl", 1) in stages["sft"].reads
     assert ("models/Qwen3-4B-Instruct-2507_torch_dist/", 2) in stages["sft"].reads
     assert ("checkpoints/rft/", 7) in stages["grpo"].reads
-    assert ("data/tasks/tau2_train_all_tasks.jsonl", 3) in stages["grpo"].reads
+    assert ("data/tasks/tau2_train_all_tasks.jsonl", 3) in stages["grpo_tasks"].reads
+    assert ("data/tasks/tau2_train_grpo_tasks.jsonl", 8) in stages["grpo"].reads  # the difficulty-filtered tasks
     assert stages["rft_data"].outputs == ["data/sft_seed_plus_rft.jsonl"]
     # the user simulator's address is in every Ray job's runtime env; only the stages running episodes use it
     assert stages["sft"].servers == ["slime"] and stages["rft"].servers == ["slime"]

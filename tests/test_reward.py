@@ -20,6 +20,7 @@ from tau2_rl_pipeline.reward import (
     filter_equal_reward_groups,
     group_normalize,
     partial_score,
+    format_penalty,
     post_process,
     shaped_reward,
 )
@@ -123,6 +124,31 @@ def test_shaped_reward_adds_alpha_times_partial_unless_partial_credit_is_off():
     assert shaped_reward(1.0, 1.0, "retail", CFG) == pytest.approx(1.2)
     assert shaped_reward(0.0, 0.5, "telecom", replace(CFG, use_partial_credit=False)) == 0.0
     assert shaped_reward(1.0, 0.5, "telecom", replace(CFG, use_partial_credit=False)) == 1.0
+
+
+def test_format_penalty_is_off_by_default_per_error_and_bounded():
+    assert format_penalty(7, CFG) == 0.0  # default off
+    on = Tau2Config.from_env({"TAU2_FORMAT_PENALTY": "0.05"})
+    assert [format_penalty(n, on) for n in (0, 1, 4)] == pytest.approx([0.0, 0.05, 0.2])
+    assert format_penalty(100, on) == pytest.approx(0.5)  # TAU2_FORMAT_PENALTY_MAX
+    assert format_penalty(100, replace(on, format_penalty_max=0.3)) == pytest.approx(0.3)
+    with pytest.raises(ValueError, match="format_errors"):
+        format_penalty(-1, on)
+    assert shaped_reward(1.0, 1.0, "retail", on, format_penalty(2, on)) == pytest.approx(1.2 - 0.1)
+    assert shaped_reward(1.0, 0.5, "retail", replace(on, use_partial_credit=False), 0.1) == pytest.approx(0.9)
+
+
+def test_a_judge_score_is_one_more_weighted_partial_component():
+    info = RewardInfo(reward=0.0, communicate_checks=[  # communicate 0.5, weight 0.15
+        CommunicateCheck(info="a", met=True, justification=""),
+        CommunicateCheck(info="b", met=False, justification="")])
+    assert partial_score(info, "retail", CFG, judge=None) == (0.5, {"communicate": 0.5})
+    score, parts = partial_score(info, "retail", CFG, judge=1.0)
+    assert parts == {"communicate": 0.5, "judge": 1.0}
+    assert score == pytest.approx((0.15 * 0.5 + 0.2 * 1.0) / (0.15 + 0.2))
+    assert partial_score(info, "retail", replace(CFG, judge_weight=0.15), judge=1.0)[0] == pytest.approx(0.75)
+    with pytest.raises(ValueError, match=r"\[0, 1\]"):
+        partial_score(info, "retail", CFG, judge=1.5)
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -36,7 +36,8 @@ MEGATRON = "/opt/test-megatron"
 ALL_SCRIPTS = ["convert_hf_to_megatron.sh", "convert_megatron_to_hf.sh", "download.sh", "generate_rft.sh",
                "pipeline.sh", "start_policy_server.sh", "start_user_sim.sh", "train_grpo.sh", "train_rft.sh",
                "train_sft.sh"]
-PIPELINE_STAGES = ["download", "convert", "tasks", "sft", "sft_hf", "rft_data", "rft", "grpo", "grpo_hf"]
+PIPELINE_STAGES = ["download", "convert", "tasks", "sft", "sft_hf", "rft_data", "rft", "grpo_tasks", "grpo",
+                   "grpo_hf"]
 
 
 # ---- running scripts ---------------------------------------------------------------------------------------
@@ -227,11 +228,20 @@ def test_zero_std_filter_is_opt_in(dry_dir: Path, value: str) -> None:
     assert "--dynamic-sampling-filter-path" not in grpo_flags(dry_dir, TAU2_FILTER_ZERO_STD="false")
 
 
+def test_awsft_is_a_custom_loss_selected_by_the_grpo_script(dry_dir: Path) -> None:
+    got = grpo_flags(dry_dir, GRPO_ALGORITHM="awsft")
+    assert got["--loss-type"] == "custom_loss"
+    assert got["--custom-loss-function-path"] == "tau2_rl_pipeline.slime_awsft.awsft_loss_function"
+    assert "--use-kl-loss" in got and got["--kl-loss-coef"] == "0.01"  # the KL term to the reference stays
+    assert "--loss-type" not in grpo_flags(dry_dir)  # default: slime's policy loss
+
+
 def test_grpo_plug_ins_name_functions_of_this_package(dry_dir: Path) -> None:
     """slime imports each plug-in path by name inside the Ray job; a renamed function fails only there."""
-    got = grpo_flags(dry_dir, TAU2_FILTER_ZERO_STD="1")
+    got = grpo_flags(dry_dir, TAU2_FILTER_ZERO_STD="1", GRPO_ALGORITHM="awsft")
     paths = [got[f] for f in ("--custom-generate-function-path", "--custom-reward-post-process-path",
-                              "--dynamic-sampling-filter-path")] + [sft_flags(dry_dir)["--rollout-function-path"]]
+                              "--dynamic-sampling-filter-path", "--custom-loss-function-path")]
+    paths.append(sft_flags(dry_dir)["--rollout-function-path"])
     for path in paths:
         module, _, name = path.rpartition(".")
         tree = ast.parse((ROOT / (module.replace(".", "/") + ".py")).read_text())
@@ -457,6 +467,7 @@ def test_user_sim_serves_where_the_rollout_looks(dry_dir: Path) -> None:
     ("train_grpo.sh", {"GRPO_LR": "fast"}, "GRPO_LR=fast must be a non-negative number"),
     ("train_grpo.sh", {"GRPO_N_SAMPLES": "0"}, "GRPO_N_SAMPLES=0 must be a positive integer"),
     ("train_grpo.sh", {"GRPO_KL_LOSS_TYPE": "kl"}, "GRPO_KL_LOSS_TYPE=kl is not one of"),
+    ("train_grpo.sh", {"GRPO_ALGORITHM": "ppo"}, "GRPO_ALGORITHM=ppo is not one of: grpo awsft"),
     ("train_grpo.sh", {"GRPO_GLOBAL_BATCH_SIZE": "48"}, "must divide the 64 samples"),
     ("train_grpo.sh", {"TAU2_GPU_LAYOUT": "3"}, "TAU2_GPU_LAYOUT=3 is not one of: 8, 4, 2"),
     ("train_grpo.sh", {"TAU2_FILTER_ZERO_STD": "maybe"}, "TAU2_FILTER_ZERO_STD=maybe must be true or false"),
@@ -617,7 +628,8 @@ def test_pipeline_runs_every_stage_in_order(dry_dir: Path) -> None:
         ("train_async.py", str(dry_dir / "out/data/sft_seed.jsonl")), ("convert_torch_dist_to_hf.py",),
         ("sglang.launch_server", "--served-model-name"), ("sglang.launch_server", str(dry_dir / "out/models/sft_hf")),
         ("tau2_rl_pipeline.rft",), ("train_async.py", str(dry_dir / "out/data/sft_seed_plus_rft.jsonl")),
-        ("train.py",), ("convert_torch_dist_to_hf.py", str(dry_dir / "out/models/grpo_hf")),
+        ("tau2_rl_pipeline.difficulty", str(dry_dir / "out/data/sft_seed_plus_rft.jsonl.eval.json.episodes.jsonl")),
+        ("train.py", str(dry_dir / "out/data/tasks/tau2_train_grpo_tasks.jsonl")), ("convert_torch_dist_to_hf.py", str(dry_dir / "out/models/grpo_hf")),
     ]
     lines = [" ".join(c) for c in result.commands]
     positions = [next(i for i, line in enumerate(lines) if all(m in line for m in mark)) for mark in marks]
@@ -647,7 +659,8 @@ def all_stage_outputs_but_tasks(out: Path) -> None:
     for path in ["models/Qwen3-4B-Instruct-2507/config.json", "data/sft_seed.jsonl",
                  "models/Qwen3-4B-Instruct-2507_torch_dist/latest_checkpointed_iteration.txt",
                  "checkpoints/sft/.stage_done", "models/sft_hf/config.json", "data/sft_seed_plus_rft.jsonl",
-                 "checkpoints/rft/.stage_done", "checkpoints/grpo/.stage_done", "models/grpo_hf/config.json"]:
+                 "checkpoints/rft/.stage_done", "data/tasks/tau2_train_grpo_tasks.jsonl",
+                 "checkpoints/grpo/.stage_done", "models/grpo_hf/config.json"]:
         (out / path).parent.mkdir(parents=True, exist_ok=True)
         (out / path).write_text("x")
 
@@ -661,6 +674,27 @@ def test_pipeline_really_runs_the_missing_stage_then_skips_it(tmp_path: Path) ->
     rows = (tmp_path / "out/data/tasks/tau2_train_all_tasks.jsonl").read_text().splitlines()
     assert rows and all(json.loads(row)["metadata"]["domain"] == "airline" for row in rows)
     again = run_script("pipeline.sh", tmp_path, dry=False, DOMAINS="airline", PYTHON=sys.executable)
+    assert again.rc == 0 and {state for _, state in stage_lines(again)} == {"skipped"}
+
+
+def test_pipeline_runs_the_difficulty_filter_stage_for_real(tmp_path: Path) -> None:
+    """grpo_tasks filters the train task index by the RFT sampling's pass rates, then is skipped."""
+    from test_difficulty import write_inputs
+
+    out = tmp_path / "out"
+    all_stage_outputs_but_tasks(out)
+    (out / "data/tasks/tau2_train_grpo_tasks.jsonl").unlink()
+    (out / "data/tasks/tau2_test_all_tasks.jsonl").write_text("x")
+    episodes, _ = write_inputs(out / "data")  # also writes data/tasks/tau2_train_all_tasks.jsonl
+    episodes.rename(out / "data/sft_seed_plus_rft.jsonl.eval.json.episodes.jsonl")
+    first = run_script("pipeline.sh", tmp_path, dry=False, PYTHON=sys.executable, TAU2_GRPO_MIN_PASS_RATE="0.1")
+    assert first.rc == 0, first.text
+    assert [name for name, state in stage_lines(first) if state == "running"] == ["grpo_tasks"]
+    assert "dropped 1 below the minimum pass rate and 0 above the maximum" in first.stdout
+    kept = [json.loads(line)["metadata"] for line in
+            (out / "data/tasks/tau2_train_grpo_tasks.jsonl").read_text().splitlines()]
+    assert len(kept) == 5 and ("retail", "0") not in {(m["domain"], m["task_id"]) for m in kept}
+    again = run_script("pipeline.sh", tmp_path, dry=False, PYTHON=sys.executable)
     assert again.rc == 0 and {state for _, state in stage_lines(again)} == {"skipped"}
 
 
@@ -695,7 +729,8 @@ print(json.dumps(out))
 def test_entry_point_flags_exist(dry_dir: Path) -> None:
     """Each `python -m tau2_rl_pipeline.X` command's flags appear in that module's --help (one process for all)."""
     commands = entry_point_commands(dry_dir)
-    assert {c[2] for c in commands} == {"tau2_rl_pipeline.sft_data", "tau2_rl_pipeline.tasks", "tau2_rl_pipeline.rft"}
+    assert {c[2] for c in commands} == {"tau2_rl_pipeline.sft_data", "tau2_rl_pipeline.tasks", "tau2_rl_pipeline.rft",
+                                        "tau2_rl_pipeline.difficulty"}
     missing = sorted({c[2] for c in commands if not (ROOT / (c[2].replace(".", "/") + ".py")).is_file()})
     commands = [c for c in commands if c[2] not in missing]
     subs = [[c[3]] if len(c) > 3 and not c[3].startswith("-") else [] for c in commands]

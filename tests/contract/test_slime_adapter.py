@@ -85,6 +85,17 @@ def test_shaped_reward_lands_in_sample_reward_and_task_reward_in_metadata(small_
                                      small_tokenizer).reward == 0.0
 
 
+def test_format_penalty_lowers_the_reward_and_is_recorded_beside_the_partial_score(small_tokenizer):
+    traj = dataclasses.replace(_trajectory(COMPLETED, reward=1.0, domain="mock"), parse_errors=2, refused_calls=1)
+    off = slime_adapter.fill_sample(Sample(), traj, Tau2Config.from_env({}), small_tokenizer)
+    assert off.reward == pytest.approx(1.0) and off.metadata["format_penalty"] == 0.0
+    assert off.metadata["format_errors"] == 3
+    on = Tau2Config.from_env({"TAU2_FORMAT_PENALTY": "0.1", "TAU2_FORMAT_PENALTY_MAX": "0.25"})
+    sample = slime_adapter.fill_sample(Sample(), traj, on, small_tokenizer)
+    assert sample.reward == pytest.approx(1.0 - 0.25) and sample.metadata["format_penalty"] == pytest.approx(0.25)
+    assert sample.metadata["raw_reward"] == 1.0  # success stays tau2's rule on the task reward
+
+
 def test_reward_post_process_normalizes_groups_and_persists_the_curriculum(env_for_adapter, tmp_path):
     def sample(task_id, reward, status=Sample.Status.COMPLETED):
         return Sample(reward=reward, status=status,
