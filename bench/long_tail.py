@@ -277,6 +277,7 @@ def step_counts(handed: list, batch: list, buffer_len: int, partial: bool) -> di
         "turns_thrown_away": turns(cut) + (0 if partial else turns(finished_out)),
         "prompt_hand_outs": len(groups), "prompts_trained": len(trained_groups),
         "prompts_dropped": 0 if partial else len(groups - trained_groups), "prompts_in_buffer": buffer_len,
+        "trained": [[s.metadata["task_id"], s.metadata["turns"], s.status.name] for s in batch],
     }
 
 
@@ -309,7 +310,7 @@ def run_mode(mode: str, cfg: argparse.Namespace, model_dir: Path, rows_path: Pat
     served = server.ask("stats")
     reset_slime()
     measured = steps[1:] if mode == "partial" and len(steps) > 1 else steps
-    totals = {k: sum(s[k] for s in steps) for k in steps[0] if k not in ("wall_s", "prompts_in_buffer")}
+    totals = {k: sum(s[k] for s in steps) for k in steps[0] if k not in ("wall_s", "prompts_in_buffer", "trained")}
     return {"mode": mode, "steps": steps, "measured_steps": len(measured),
             "wall_s_per_step": statistics.fmean(s["wall_s"] for s in measured), **totals,
             "prompts_in_buffer_at_end": steps[-1]["prompts_in_buffer"],
