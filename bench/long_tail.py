@@ -1,16 +1,18 @@
 """Issue 13, P6: the long tail, measured. One rollout step of slime's real rollout code, synchronous vs. over-sampling
 vs. partial rollout, when the number of policy turns per episode has a long tail.
 
-    .venv/bin/python bench/long_tail.py                    # as reported: 8 groups x 4 samples, 0.5 s per call
-    .venv/bin/python bench/long_tail.py --latency 1.0 --tail-rate 0.1 --steps 3
+    .venv/bin/python bench/long_tail.py            # as reported: 8 groups x 4 samples, 6 steps a mode, 0.5 s a call
+    .venv/bin/python bench/long_tail.py --latency 1.0 --tail-rate 0.1 --steps 3 --json out.json
 
 What runs: slime 624b824's own `generate_rollout` (slime/rollout/sglang_rollout.py) with its real data source
 (`RolloutDataSourceWithBuffer`), its over-sampling and end-of-rollout abort, calling this project's custom generate
 `tau2_rl_pipeline.slime_adapter.generate`: real tau2 episodes (mock domain, fast_env, real evaluation), tau2's LLM
 user through litellm, the policy through `SGLangEngine`. The model server is the loopback server
-(tau2_rl_pipeline/loopback_server.py: SGLang's HTTP contract, its abort included) in a process of its own, so the
-teacher-forced scoring of its scripted replies costs no CPU of the measured process; every model call (policy
-`/generate` and user chat) waits `--latency` seconds there first. slime and Megatron-LM come from
+(tau2_rl_pipeline/loopback_server.py: SGLang's HTTP contract, its abort included) in a process of its own; every
+model call (policy `/generate` and user chat) waits `--latency` seconds there. It answers scripted replies with a
+constant log-prob and no prefix-cache lookup: with its teacher-forced scoring (`--score`) it spent ~24 ms of CPU a
+call and, on 2 cores, set the pace of the over-sampled steps, a cost SGLang pays on GPU hosts, not on the rollout
+machine. The table reports both processes' CPU per step. slime and Megatron-LM come from
 ../shared/third_party (or $TAU2_THIRD_PARTY), put on sys.path by the contract tier's own module
 (tests/contract/contract_tier.py), whose harness (slime_harness.py) parses the argv with slime's real parser.
 
@@ -18,7 +20,7 @@ The turns: each prompt row is a copy of tau2's mock task create_task_1 whose use
 drawn number of policy turns. The draw is the empirical distribution of gold-implied turns over tau2's airline,
 retail and telecom train splits (178 tasks): one policy turn per gold action (an agent tool call, or an
 instruction to the user for telecom's user-side actions) plus two (one answering the user's opening, one closing
-reply), 2 to 15 turns. Gold actions are a lower bound for a real policy, and a policy in training also loops: each
+reply): 2 to 15 turns, median 6, mean 6.5, one task in ten 12 or more. Gold actions are a lower bound for a real policy, and a policy in training also loops: each
 episode, independently, with probability `--tail-rate` never closes and runs to the turn cap (TAU2_MAX_TURNS, 30
 by default), ending truncated. The tail rate is an assumption, not a measurement. A row keeps its turns when slime
 hands it out again (partial rollout); the tail coin is tossed per episode.
@@ -329,18 +331,18 @@ def build_model(out: Path) -> Path:
 def table(results: list[dict], cfg: argparse.Namespace) -> str:
     """Two markdown tables: wall time per step side by side, then the books of every step run."""
     sync = results[0]["wall_s_per_step"]
-    out = ["| mode | steps measured | wall per step (mean) | vs sync | walls of each step | CPU per step: "
-           "rollout process / model server |", "|---|---|---|---|---|---|"]
+    out = [("| mode | steps measured | wall per step (mean) | vs sync | walls of each step | CPU per step: "
+            "rollout process / model server |"), "|---|---|---|---|---|---|"]
     for r in results:
         n = len(r["steps"])
         walls = " ".join(f"{s['wall_s']:.1f}" for s in r["steps"])
         out.append(f"| {r['mode']} | {r['measured_steps']} of {n} | {r['wall_s_per_step']:.2f} s | "
                    f"**{sync / r['wall_s_per_step']:.2f}x** | {walls} | "
                    f"{r['bench_cpu_s'] / n:.2f} s / {r['server_cpu_s'] / n:.2f} s |")
-    out += ["", "| mode | episodes run | trained (from earlier steps) | cut by the abort | finished, group not "
-            "trained | tail episodes | truncated in batch | policy turns run | turns trained | turns thrown away | "
-            "mean turns per trained episode | prompt hand-outs | trained / dropped / back to buffer at end | "
-            "most hand-outs of one prompt |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    out += ["", ("| mode | episodes run | trained (from earlier steps) | cut by the abort | finished, group not "
+                 "trained | tail episodes | truncated in batch | policy turns run | turns trained | turns thrown "
+                 "away | mean turns per trained episode | prompt hand-outs | trained / dropped / back to buffer at "
+                 "end | most hand-outs of one prompt |"), "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         out.append(
             f"| {r['mode']} | {r['episodes_run']} | {r['episodes_trained']} "
@@ -350,10 +352,10 @@ def table(results: list[dict], cfg: argparse.Namespace) -> str:
             f"{r['turns_trained'] / max(1, r['episodes_trained']):.1f} | {r['prompt_hand_outs']} | "
             f"{r['prompts_trained']} / {r['prompts_dropped']} / {r['prompts_in_buffer_at_end']} | "
             f"{r['most_hand_outs_of_one_prompt']} |")
-    out += ["", f"{cfg.groups} groups x {cfg.samples} samples per step, over-sampling {cfg.over_sampling}x, "
-                f"{cfg.latency} s per model call, tail rate {cfg.tail_rate} (to {cfg.max_turns} turns), seed "
-                f"{cfg.seed}, {'teacher-forced scoring' if cfg.score else 'canned log-probs'}; counts over every "
-                "step run (partial's first step included)"]
+    out += ["", (f"{cfg.groups} groups x {cfg.samples} samples per step, over-sampling {cfg.over_sampling}x, "
+                 f"{cfg.latency} s per model call, tail rate {cfg.tail_rate} (to {cfg.max_turns} turns), seed "
+                 f"{cfg.seed}, {'teacher-forced scoring' if cfg.score else 'canned log-probs'}; counts over every "
+                 "step run (partial's first step included)")]
     return "\n".join(out)
 
 
@@ -387,8 +389,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bench/long_tail.py: {MISSING.replace('contract tier skipped: ', '')}", file=sys.stderr)
         return 1
     os.environ.setdefault("TQDM_DISABLE", "1")  # slime's progress bars; this script prints one line per step
-    import tau2_rl_pipeline  # noqa: F401  (offline litellm before tau2 loads)
     import litellm  # noqa: F401  (its logger is set up on import; quieted below)
+
+    import tau2_rl_pipeline  # noqa: F401  (offline litellm before tau2 loads)
 
     for name in ("LiteLLM", "slime", "tau2_rl_pipeline"):  # one progress line per step instead
         logging.getLogger(name).setLevel(logging.WARNING)

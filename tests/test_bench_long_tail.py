@@ -14,7 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "contract"))
 
-from contract_tier import MISSING  # noqa: E402
+from contract_tier import MISSING
 
 if MISSING is not None:
     pytest.skip(MISSING.replace("contract tier skipped", "bench/long_tail.py needs slime"), allow_module_level=True)
@@ -27,7 +27,7 @@ def test_long_tail_bench_runs_and_its_books_add_up(tmp_path):
     proc = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "long_tail.py"), "--groups", str(GROUPS), "--samples", str(SAMPLES),
          "--steps", str(STEPS), "--latency", "0.02", "--tail-rate", "0.3", "--max-turns", str(MAX_TURNS),
-         "--json", str(out)], capture_output=True, text=True, timeout=300)
+         "--json", str(out)], check=False, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(out.read_text())
     rows = {r["mode"]: r for r in report["results"]}
