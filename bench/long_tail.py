@@ -20,9 +20,9 @@ The turns: each prompt row is a copy of tau2's mock task create_task_1 whose use
 drawn number of policy turns. The draw is the empirical distribution of gold-implied turns over tau2's airline,
 retail and telecom train splits (178 tasks): one policy turn per gold action (an agent tool call, or an
 instruction to the user for telecom's user-side actions) plus two (one answering the user's opening, one closing
-reply): 2 to 15 turns, median 6, mean 6.5, one task in ten 12 or more. Gold actions are a lower bound for a real policy, and a policy in training also loops: each
-episode, independently, with probability `--tail-rate` never closes and runs to the turn cap (TAU2_MAX_TURNS, 30
-by default), ending truncated. The tail rate is an assumption, not a measurement. A row keeps its turns when slime
+reply): 2 to 15 turns, median 6, mean 6.5, one task in ten 12 or more. Gold actions are a lower bound for a real
+policy, and a policy in training also loops: each episode, independently, with probability `--tail-rate` (0.05)
+never closes and runs to the turn cap (TAU2_MAX_TURNS, 30 by default), ending truncated. The tail rate is an assumption, not a measurement. A row keeps its turns when slime
 hands it out again (partial rollout); the tail coin is tossed per episode.
 
 The script: the user's first message states the episode's turns ("Hello, I need 7 steps." or "... keep going."),
