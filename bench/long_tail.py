@@ -254,11 +254,13 @@ def recording_source(args):
     return Recording(args)
 
 
-def step_counts(handed: list, batch: list, buffer_len: int, partial: bool) -> dict:
+def step_counts(handed: list, batch: list, kept: set[int]) -> dict:
     """One step's books. Every episode run this step is trained now, cut by slime's abort (its turns thrown away:
-    the project's generate restarts it if it comes back), or finished in a group that did not make the batch
-    (thrown away, or with --partial-rollout kept in the buffer and trained in a later step). Prompts handed out are
-    trained, dropped, or (partial) back in the buffer."""
+    the project's generate restarts it if it comes back), or finished in a group that did not make the batch: kept
+    when its group went back to slime's buffer (`kept`: group indices, --partial-rollout) and trained in a later
+    step, else thrown away. Prompts handed out are trained, back in the buffer, or dropped: without
+    --partial-rollout every group past the batch; with it, a group that finished in the same wake-up as the one
+    that filled the batch (slime/rollout/sglang_rollout.py:439-441 keeps neither)."""
     in_batch = {id(s) for s in batch}
     ran = [s for s, before in handed if s.metadata is not before]
     ran_ids = {id(s) for s in ran}
@@ -274,11 +276,12 @@ def step_counts(handed: list, batch: list, buffer_len: int, partial: bool) -> di
         "episodes_run": len(ran), "episodes_trained": len(batch),
         "episodes_trained_from_earlier_steps": sum(id(s) not in ran_ids for s in batch),
         "episodes_cut": len(cut), "episodes_finished_not_trained": len(finished_out),
+        "episodes_finished_thrown_away": sum(s.group_index not in kept for s in finished_out),
         "episodes_truncated": sum(s.status.name == "TRUNCATED" for s in batch),
         "turns_run": turns(ran), "turns_trained": turns(batch),
-        "turns_thrown_away": turns(cut) + (0 if partial else turns(finished_out)),
+        "turns_thrown_away": turns(cut) + turns([s for s in finished_out if s.group_index not in kept]),
         "prompt_hand_outs": len(groups), "prompts_trained": len(trained_groups),
-        "prompts_dropped": 0 if partial else len(groups - trained_groups), "prompts_in_buffer": buffer_len,
+        "prompts_dropped": len(groups - trained_groups - kept), "prompts_in_buffer": len(kept),
         "trained": [[s.metadata["task_id"], s.metadata["turns"], s.status.name] for s in batch],
     }
 
@@ -303,7 +306,7 @@ def run_mode(mode: str, cfg: argparse.Namespace, model_dir: Path, rows_path: Pat
         t0 = time.perf_counter()
         output, _ = rollout(args, step, source)
         wall = time.perf_counter() - t0
-        counts = step_counts(source.handed, flat(output.samples), source.get_buffer_length(), mode == "partial")
+        counts = step_counts(source.handed, flat(output.samples), {g[0].group_index for g in source.buffer})
         steps.append({"wall_s": wall, **counts})
         print(f"[long_tail] {mode:13s} step {step + 1}/{cfg.steps}: {wall:6.2f} s, {counts['episodes_run']} "
               f"episodes run, {counts['episodes_cut']} cut by the abort, {counts['turns_run']} turns", file=sys.stderr,
@@ -317,6 +320,8 @@ def run_mode(mode: str, cfg: argparse.Namespace, model_dir: Path, rows_path: Pat
             "wall_s_per_step": statistics.fmean(s["wall_s"] for s in measured), **totals,
             "prompts_in_buffer_at_end": steps[-1]["prompts_in_buffer"],
             "most_hand_outs_of_one_prompt": max(source.times_handed.values()),
+            "hand_outs_of_prompts_left_in_buffer": sorted((source.times_handed[g[0].group_index]
+                                                           for g in source.buffer), reverse=True),
             "generate_calls_served": served["generate"], "user_calls_served": served["chat"],
             "tail_episodes": served["tail_episodes"], "server_cpu_s": served["cpu_s"] - server_cpu,
             "bench_cpu_s": own_cpu}
@@ -340,18 +345,20 @@ def table(results: list[dict], cfg: argparse.Namespace) -> str:
                    f"**{sync / r['wall_s_per_step']:.2f}x** | {walls} | "
                    f"{r['bench_cpu_s'] / n:.2f} s / {r['server_cpu_s'] / n:.2f} s |")
     out += ["", ("| mode | episodes run | trained (from earlier steps) | cut by the abort | finished, group not "
-                 "trained | tail episodes | truncated in batch | policy turns run | turns trained | turns thrown "
+                 "trained (thrown away) | tail episodes | truncated in batch | policy turns run | turns trained | turns thrown "
                  "away | mean turns per trained episode | prompt hand-outs | trained / dropped / back to buffer at "
-                 "end | most hand-outs of one prompt |"), "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                 "end | most hand-outs of one prompt (of each left in the buffer) |"), "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
+        left = r["hand_outs_of_prompts_left_in_buffer"]
+        left = f" ({' '.join(map(str, left))})" if left else ""
         out.append(
             f"| {r['mode']} | {r['episodes_run']} | {r['episodes_trained']} "
             f"({r['episodes_trained_from_earlier_steps']}) | {r['episodes_cut']} | "
-            f"{r['episodes_finished_not_trained']} | {r['tail_episodes']} | {r['episodes_truncated']} | "
+            f"{r['episodes_finished_not_trained']} ({r['episodes_finished_thrown_away']}) | {r['tail_episodes']} | {r['episodes_truncated']} | "
             f"{r['turns_run']} | {r['turns_trained']} | {r['turns_thrown_away']} | "
             f"{r['turns_trained'] / max(1, r['episodes_trained']):.1f} | {r['prompt_hand_outs']} | "
             f"{r['prompts_trained']} / {r['prompts_dropped']} / {r['prompts_in_buffer_at_end']} | "
-            f"{r['most_hand_outs_of_one_prompt']} |")
+            f"{r['most_hand_outs_of_one_prompt']}{left} |")
     out += ["", (f"{cfg.groups} groups x {cfg.samples} samples per step, over-sampling {cfg.over_sampling}x, "
                  f"{cfg.latency} s per model call, tail rate {cfg.tail_rate} (to {cfg.max_turns} turns), seed "
                  f"{cfg.seed}, {'teacher-forced scoring' if cfg.score else 'canned log-probs'}; counts over every "
