@@ -37,7 +37,8 @@ Modes, each from a fresh slime state and data source over the same rows:
                 is kept, slime_adapter.fill_sample), so the turns an abort cuts are thrown away in both modes;
                 what partial rollout keeps is the prompts and the samples of a group that had completed.
 Steady state of partial rollout: the mean of its steps after the first (which starts with an empty buffer).
-Exits 0 and prints a markdown table; 1 with one line if slime's sources are missing.
+Exits 0 and prints two markdown tables (walls side by side, then the books); 1 with one line if slime's sources
+or the contract tier's packages are missing.
 """
 
 from __future__ import annotations
