@@ -8,13 +8,14 @@ What runs: slime 624b824's own `generate_rollout` (slime/rollout/sglang_rollout.
 (`RolloutDataSourceWithBuffer`), its over-sampling and end-of-rollout abort, calling this project's custom generate
 `tau2_rl_pipeline.slime_adapter.generate`: real tau2 episodes (mock domain, fast_env, real evaluation), tau2's LLM
 user through litellm, the policy through `SGLangEngine`. The model server is the loopback server
-(tau2_rl_pipeline/loopback_server.py: SGLang's HTTP contract, its abort included) in a process of its own; every
-model call (policy `/generate` and user chat) waits `--latency` seconds there. It answers scripted replies with a
-constant log-prob and no prefix-cache lookup: with its teacher-forced scoring (`--score`) it spent ~24 ms of CPU a
-call and, on 2 cores, set the pace of the over-sampled steps, a cost SGLang pays on GPU hosts, not on the rollout
-machine. The table reports both processes' CPU per step. slime and Megatron-LM come from
-../shared/third_party (or $TAU2_THIRD_PARTY), put on sys.path by the contract tier's own module
-(tests/contract/contract_tier.py), whose harness (slime_harness.py) parses the argv with slime's real parser.
+(tau2_rl_pipeline/loopback_server.py: SGLang's HTTP contract, its abort included) in a process of its own
+(bench/long_tail_server.py, which holds the script below); every model call (policy `/generate` and user chat)
+waits `--latency` seconds there. It answers scripted replies with a constant log-prob and no prefix-cache lookup:
+with its teacher-forced scoring (`--score`) it spent ~24 ms of CPU a call and, on 2 cores, set the pace of the
+over-sampled steps, a cost SGLang pays on GPU hosts, not on the rollout machine. The tables report both
+processes' CPU per step. slime and Megatron-LM come from ../shared/third_party (or $TAU2_THIRD_PARTY), put on
+sys.path by the contract tier's own module (tests/contract/contract_tier.py), whose harness (slime_harness.py)
+parses the argv with slime's real parser.
 
 The turns: each prompt row is a copy of tau2's mock task create_task_1 whose user instructions carry the row's
 drawn number of policy turns. The draw is the empirical distribution of gold-implied turns over tau2's airline,
@@ -22,8 +23,9 @@ retail and telecom train splits (178 tasks): one policy turn per gold action (an
 instruction to the user for telecom's user-side actions) plus two (one answering the user's opening, one closing
 reply): 2 to 15 turns, median 6, mean 6.5, one task in ten 12 or more. Gold actions are a lower bound for a real
 policy, and a policy in training also loops: each episode, independently, with probability `--tail-rate` (0.05)
-never closes and runs to the turn cap (TAU2_MAX_TURNS, 30 by default), ending truncated. The tail rate is an assumption, not a measurement. A row keeps its turns when slime
-hands it out again (partial rollout); the tail coin is tossed per episode.
+never closes and runs to the turn cap (TAU2_MAX_TURNS, 30 by default), ending truncated. The tail rate is an
+assumption, not a measurement. A row keeps its turns when slime hands it out again (partial rollout); the tail
+coin is tossed per episode.
 
 The script: the user's first message states the episode's turns ("Hello, I need 7 steps." or "... keep going."),
 the policy calls mock's read-only `get_users` until one turn is left, then answers "Done.", and the user stops.
@@ -48,7 +50,6 @@ import json
 import logging
 import os
 import random
-import re
 import statistics
 import subprocess
 import sys
@@ -60,15 +61,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # runnable as a script from anywhere
 sys.path[1:1] = [str(ROOT / "tests"), str(ROOT / "tests" / "contract")]  # the contract tier's path logic + harness
+sys.path.insert(1, str(Path(__file__).resolve().parent))
 
-ROW_MARK = re.compile(r"\[long-tail row (\d+): (\d+) policy turns\]")
-STEPS_ASKED = re.compile(r"Hello, I need (\d+) steps\.")
-KEEP_GOING = "Hello, I need you to keep going."
-STOP = "###STOP###"
+from long_tail_server import row_mark  # noqa: E402
+
 TEMPLATE_TASK = "create_task_1"
 GOLD_DOMAINS = ("airline", "retail", "telecom")
 MODES = ("sync", "over-sampling", "partial")
-CANNED_LOGPROB = -0.1  # the log-prob of every scripted token unless --score
+SERVER = Path(__file__).resolve().parent / "long_tail_server.py"
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -94,103 +94,14 @@ def row_turns(population: list[int], rows: int, seed: int) -> list[int]:
     return [rng.choice(population) for _ in range(rows)]
 
 
-def is_tail(seed: int, row: int, occurrence: int, rate: float) -> bool:
-    """The per-episode tail coin: the `occurrence`-th episode of a row, the same in every mode."""
-    return random.Random(f"{seed}:{row}:{occurrence}").random() < rate
-
-
 # ---------------------------------------------------------------------------------------------------------------
-# The model server's script (its own process)
-
-
-class LongTailResponder:
-    """`LoopbackServer.responder`: the user asks for the row's turns (or, on a tail toss, for no end), the policy
-    calls get_users until one turn is left and then closes, the user then stops."""
-
-    def __init__(self, tokenizer, *, seed: int, tail_rate: float) -> None:
-        from tau2_rl_pipeline.actions import render_assistant_text
-
-        self.tok, self.seed, self.tail_rate = tokenizer, seed, tail_rate
-        self.tool_ids = self.ids(render_assistant_text("", [("get_users", {})]))
-        self.done_ids = self.ids("Done.")
-        self.reset()
-
-    def reset(self) -> None:
-        self.occurrences: dict[int, int] = {}
-        self.tails = 0
-
-    def ids(self, text: str) -> list[int]:
-        return self.tok.encode(text + self.tok.eos_token, add_special_tokens=False)
-
-    def __call__(self, path: str, input_ids: list[int]) -> list[int]:
-        text = self.tok.decode(input_ids, skip_special_tokens=False)
-        if path == "/v1/chat/completions":
-            if text.count("<|im_start|>assistant") > 1:  # after the opening, the user speaks only to stop
-                return self.ids(STOP)
-            mark = ROW_MARK.search(text)
-            if mark is None:
-                return self.ids(STOP)
-            row, turns = int(mark.group(1)), int(mark.group(2))
-            k = self.occurrences[row] = self.occurrences.get(row, -1) + 1
-            if is_tail(self.seed, row, k, self.tail_rate):
-                self.tails += 1
-                return self.ids(KEEP_GOING)
-            return self.ids(f"Hello, I need {turns} steps.")
-        asked = STEPS_ASKED.search(text)
-        if KEEP_GOING in text or (asked and text.count("<tool_response>") < int(asked.group(1)) - 1):
-            return self.tool_ids
-        return self.done_ids
-
-
-def canned_server_class():
-    """The loopback server without its two per-request CPU costs that an SGLang fleet pays on its own GPUs'
-    hosts, not on the rollout machine: the teacher-forced scoring of scripted replies (log-probs here are a
-    constant, as bench/harness.py's canned engine answers) and the prefix-cache lookup over recent prompts. With
-    them, on 2 cores, this process saturated a core and set the pace of the over-sampled steps (`--score`)."""
-    from tau2_rl_pipeline.engines import GenerateResult
-    from tau2_rl_pipeline.loopback_server import LoopbackServer, truncate_scripted
-
-    class CannedLoopbackServer(LoopbackServer):
-        def _cached_tokens(self, input_ids: list[int]) -> int:
-            return 0
-
-        async def _run(self, input_ids, sampling, path="/generate"):
-            rule = self.engine.stop_rule(sampling)
-            ids, finish = truncate_scripted(self.responder(path, input_ids), rule, sampling.max_new_tokens)
-            result = GenerateResult(output_ids=ids, output_logprobs=[CANNED_LOGPROB] * len(ids), finish_reason=finish)
-            return result, rule.matched(ids) if finish == "stop" else None
-
-    return CannedLoopbackServer
-
-
-def serve(model: str, latency: float, seed: int, tail_rate: float, score: bool) -> int:
-    """The loopback server with the responder; prints its port, then answers `stats` / `reset` lines on stdin."""
-    import torch
-
-    from tau2_rl_pipeline.loopback_server import LoopbackServer
-
-    # One thread: on a busy 2-core machine torch's two threads wait on each other (a 1000-token teacher-forced
-    # scoring took 0.4-1.2 s instead of 15 ms).
-    torch.set_num_threads(1)
-    server_class = LoopbackServer if score else canned_server_class()
-    server = server_class.from_model_dir(model, seed=0, latency_s=latency)
-    server.responder = responder = LongTailResponder(server.tokenizer, seed=seed, tail_rate=tail_rate)
-    with server:
-        print(f"PORT {server.port}", flush=True)
-        for line in sys.stdin:
-            if line.strip() == "reset":
-                responder.reset()
-                server.requests.clear()
-                server.request_times.clear()
-            print(json.dumps({"generate": server.count("/generate"), "chat": server.count("/v1/chat/completions"),
-                              "tail_episodes": responder.tails, "cpu_s": time.process_time()}), flush=True)
-    return 0
+# The model server (bench/long_tail_server.py, its own process)
 
 
 class ServerProcess:
     def __init__(self, model_dir: Path, cfg: argparse.Namespace) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, __file__, "--serve", str(model_dir), "--latency", str(cfg.latency), "--seed",
+            [sys.executable, str(SERVER), str(model_dir), "--latency", str(cfg.latency), "--seed",
              str(cfg.seed), "--tail-rate", str(cfg.tail_rate), *(["--score"] if cfg.score else [])],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         line = self.proc.stdout.readline()
@@ -225,7 +136,7 @@ def register_rows(turns: list[int]) -> list[dict]:
     copies = []
     for row, n in enumerate(turns):
         scenario = template.user_scenario.model_copy(update={
-            "instructions": f"{template.user_scenario.instructions} [long-tail row {row}: {n} policy turns]"})
+            "instructions": f"{template.user_scenario.instructions} {row_mark(row, n)}"})
         copies.append(template.model_copy(update={"id": f"long_tail_{row:03d}", "user_scenario": scenario}))
     registry._tasks["mock"] = lambda split=None: [*original(split), *copies]  # tau2 refuses a second register
     tasks._load.cache_clear()
@@ -287,7 +198,8 @@ def step_counts(handed: list, batch: list, kept: set[int]) -> dict:
     }
 
 
-def run_mode(mode: str, cfg: argparse.Namespace, model_dir: Path, rows_path: Path, server: ServerProcess) -> dict:
+def run_mode(mode: str, cfg: argparse.Namespace, model_dir: Path, rows_path: Path,
+             server: ServerProcess) -> dict:
     """`cfg.steps` rollout steps of one mode through slime's generate_rollout, from a fresh slime state."""
     from slime_harness import flat, reset_slime, rollout, slime_args
 
@@ -334,37 +246,43 @@ def build_model(out: Path) -> Path:
     return build_tiny_qwen3(out / "tiny", train_small_tokenizer(domain_corpus(["mock"]), out / "tokenizer"))
 
 
+WALL_COLUMNS = ("mode", "steps measured", "wall per step (mean)", "vs sync", "walls of each step",
+                "CPU per step: rollout process / model server")
+BOOK_COLUMNS = ("mode", "episodes run", "trained (from earlier steps)", "cut by the abort",
+                "finished, group not trained (thrown away)", "tail episodes", "truncated in batch", "policy turns run",
+                "turns trained", "turns thrown away", "mean turns per trained episode", "prompt hand-outs",
+                "trained / dropped / back to buffer at end",
+                "most hand-outs of one prompt (of each left in the buffer)")
+
+
+def _markdown(columns: tuple[str, ...], rows: list[list[str]]) -> list[str]:
+    return ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns),
+            *("| " + " | ".join(row) + " |" for row in rows)]
+
+
 def table(results: list[dict], cfg: argparse.Namespace) -> str:
     """Two markdown tables: wall time per step side by side, then the books of every step run."""
     sync = results[0]["wall_s_per_step"]
-    out = [("| mode | steps measured | wall per step (mean) | vs sync | walls of each step | CPU per step: "
-            "rollout process / model server |"), "|---|---|---|---|---|---|"]
+    walls, books = [], []
     for r in results:
         n = len(r["steps"])
-        walls = " ".join(f"{s['wall_s']:.1f}" for s in r["steps"])
-        out.append(f"| {r['mode']} | {r['measured_steps']} of {n} | {r['wall_s_per_step']:.2f} s | "
-                   f"**{sync / r['wall_s_per_step']:.2f}x** | {walls} | "
-                   f"{r['bench_cpu_s'] / n:.2f} s / {r['server_cpu_s'] / n:.2f} s |")
-    out += ["", ("| mode | episodes run | trained (from earlier steps) | cut by the abort | finished, group not "
-                 "trained (thrown away) | tail episodes | truncated in batch | policy turns run | turns trained | turns thrown "
-                 "away | mean turns per trained episode | prompt hand-outs | trained / dropped / back to buffer at "
-                 "end | most hand-outs of one prompt (of each left in the buffer) |"), "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in results:
-        left = r["hand_outs_of_prompts_left_in_buffer"]
-        left = f" ({' '.join(map(str, left))})" if left else ""
-        out.append(
-            f"| {r['mode']} | {r['episodes_run']} | {r['episodes_trained']} "
-            f"({r['episodes_trained_from_earlier_steps']}) | {r['episodes_cut']} | "
-            f"{r['episodes_finished_not_trained']} ({r['episodes_finished_thrown_away']}) | {r['tail_episodes']} | {r['episodes_truncated']} | "
-            f"{r['turns_run']} | {r['turns_trained']} | {r['turns_thrown_away']} | "
-            f"{r['turns_trained'] / max(1, r['episodes_trained']):.1f} | {r['prompt_hand_outs']} | "
-            f"{r['prompts_trained']} / {r['prompts_dropped']} / {r['prompts_in_buffer_at_end']} | "
-            f"{r['most_hand_outs_of_one_prompt']}{left} |")
-    out += ["", (f"{cfg.groups} groups x {cfg.samples} samples per step, over-sampling {cfg.over_sampling}x, "
-                 f"{cfg.latency} s per model call, tail rate {cfg.tail_rate} (to {cfg.max_turns} turns), seed "
-                 f"{cfg.seed}, {'teacher-forced scoring' if cfg.score else 'canned log-probs'}; counts over every "
-                 "step run (partial's first step included)")]
-    return "\n".join(out)
+        walls.append([r["mode"], f"{r['measured_steps']} of {n}", f"{r['wall_s_per_step']:.2f} s",
+                      f"**{sync / r['wall_s_per_step']:.2f}x**", " ".join(f"{s['wall_s']:.1f}" for s in r["steps"]),
+                      f"{r['bench_cpu_s'] / n:.2f} s / {r['server_cpu_s'] / n:.2f} s"])
+        left = " ".join(map(str, r["hand_outs_of_prompts_left_in_buffer"]))
+        books.append([
+            r["mode"], str(r["episodes_run"]), f"{r['episodes_trained']} ({r['episodes_trained_from_earlier_steps']})",
+            str(r["episodes_cut"]), f"{r['episodes_finished_not_trained']} ({r['episodes_finished_thrown_away']})",
+            str(r["tail_episodes"]), str(r["episodes_truncated"]), str(r["turns_run"]), str(r["turns_trained"]),
+            str(r["turns_thrown_away"]), f"{r['turns_trained'] / max(1, r['episodes_trained']):.1f}",
+            str(r["prompt_hand_outs"]),
+            f"{r['prompts_trained']} / {r['prompts_dropped']} / {r['prompts_in_buffer_at_end']}",
+            f"{r['most_hand_outs_of_one_prompt']}" + (f" ({left})" if left else "")])
+    note = (f"{cfg.groups} groups x {cfg.samples} samples per step, over-sampling {cfg.over_sampling}x, {cfg.latency} "
+            f"s per model call, tail rate {cfg.tail_rate} (to {cfg.max_turns} turns), seed {cfg.seed}, "
+            f"{'teacher-forced scoring' if cfg.score else 'canned log-probs'}; counts over every step run "
+            "(partial's first step included)")
+    return "\n".join([*_markdown(WALL_COLUMNS, walls), "", *_markdown(BOOK_COLUMNS, books), "", note])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -381,12 +299,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="seed of the row draws and the tail coins")
     parser.add_argument("--modes", default=",".join(MODES), help="comma-separated subset of " + ",".join(MODES))
     parser.add_argument("--score", action="store_true",
-                        help="the loopback server scores every scripted reply with its tiny model (CPU on this machine)")
+                        help="the server scores every scripted reply with its tiny model (CPU on this machine)")
     parser.add_argument("--json", type=Path, default=None, help="also write every count and wall time here")
-    parser.add_argument("--serve", metavar="MODEL_DIR", default=None, help=argparse.SUPPRESS)
     cfg = parser.parse_args(argv)
-    if cfg.serve:
-        return serve(cfg.serve, cfg.latency, cfg.seed, cfg.tail_rate, cfg.score)
     modes = [m for m in cfg.modes.split(",") if m]
     if not modes or set(modes) - set(MODES) or modes[0] != "sync":
         parser.error(f"--modes must start with sync and name only {', '.join(MODES)}")
@@ -421,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
             server.close()
     print(table(results, cfg))
     if cfg.json is not None:
-        cfg.json.write_text(json.dumps({"config": {k: v for k, v in vars(cfg).items() if k not in ("json", "serve")},
+        cfg.json.write_text(json.dumps({"config": {k: v for k, v in vars(cfg).items() if k != "json"},
                                         "row_turns": turns, "results": results}, indent=1))
     return 0
 
