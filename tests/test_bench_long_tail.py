@@ -1,0 +1,61 @@
+"""bench/long_tail.py runs end to end at tiny sizes (nothing timed) and its books add up: every policy call the
+model server answered is an episode's turn, every episode run is trained, cut by slime's abort or finished outside
+the batch, and each trained episode lasted its prompt row's drawn turns (or ran to the cap on a tail toss)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests" / "contract"))
+
+from contract_tier import MISSING
+
+if MISSING is not None:
+    pytest.skip(MISSING.replace("contract tier skipped", "bench/long_tail.py needs slime"), allow_module_level=True)
+
+GROUPS, SAMPLES, STEPS, MAX_TURNS = 2, 2, 2, 12
+
+
+def test_long_tail_bench_runs_and_its_books_add_up(tmp_path):
+    out = tmp_path / "long_tail.json"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "long_tail.py"), "--groups", str(GROUPS), "--samples", str(SAMPLES),
+         "--steps", str(STEPS), "--latency", "0.02", "--tail-rate", "0.3", "--max-turns", str(MAX_TURNS),
+         "--json", str(out)], check=False, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+    rows = {r["mode"]: r for r in report["results"]}
+    assert list(rows) == ["sync", "over-sampling", "partial"]
+    assert [line.split(" | ")[0] for line in proc.stdout.splitlines()[2:5]] == [
+        "| sync", "| over-sampling", "| partial"]
+    drawn = report["row_turns"]
+    batch = GROUPS * SAMPLES
+    for mode, r in rows.items():
+        assert r["turns_run"] == r["generate_calls_served"] > 0, mode  # the server saw exactly these turns
+        assert r["episodes_run"] == (r["episodes_trained"] - r["episodes_trained_from_earlier_steps"]
+                                     + r["episodes_cut"] + r["episodes_finished_not_trained"]), mode
+        assert [len(s["trained"]) for s in r["steps"]] == [batch] * STEPS, mode
+        for task_id, turns, status in (t for s in r["steps"] for t in s["trained"]):
+            row = int(task_id.removeprefix("long_tail_"))
+            assert (turns, status) in ((drawn[row], "COMPLETED"), (MAX_TURNS, "TRUNCATED")), (mode, task_id)
+        assert r["prompts_trained"] == GROUPS * STEPS
+        for s in r["steps"]:  # what is not trained is dropped, or with --partial-rollout back in slime's buffer
+            assert s["prompt_hand_outs"] == s["prompts_trained"] + s["prompts_dropped"] + s["prompts_in_buffer"]
+            assert s["prompts_in_buffer"] == 0 or mode == "partial"
+    sync, over, partial = rows["sync"], rows["over-sampling"], rows["partial"]
+    assert sync["episodes_run"] == batch * STEPS and sync["turns_thrown_away"] == sync["episodes_cut"] == 0
+    assert sync["turns_trained"] == sync["turns_run"] and sync["prompt_hand_outs"] == GROUPS * STEPS
+    assert over["episodes_run"] == 2 * batch * STEPS  # twice the prompts handed out, all of them started
+    assert over["prompts_dropped"] == over["prompt_hand_outs"] - over["prompts_trained"] == GROUPS * STEPS
+    assert over["turns_thrown_away"] == over["turns_run"] - over["turns_trained"]
+    assert over["episodes_finished_thrown_away"] == over["episodes_finished_not_trained"]
+    assert sync["episodes_trained_from_earlier_steps"] == over["episodes_trained_from_earlier_steps"] == 0
+    # with --partial-rollout a sample trained in a later step finished earlier in a group sent back to the buffer
+    kept = partial["episodes_finished_not_trained"] - partial["episodes_finished_thrown_away"]
+    assert partial["episodes_trained_from_earlier_steps"] <= kept
