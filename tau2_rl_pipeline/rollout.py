@@ -186,7 +186,7 @@ async def run_episode(
                                                        max_errors=cfg.max_errors, environment=environment,
                                                        fast=cfg.fast_env))
     system = {"role": "system", "content": episode.system_prompt}
-    buf = TokenBuffer(prompt_ids=[])
+    buf = TokenBuffer()
     status, reason, error, turns = COMPLETED, None, None, 0
     turn_meta: list[dict] = []
     if sampling.seed is not None and user is not None:
@@ -204,7 +204,7 @@ async def run_episode(
 
     try:
         view = await (on_loop("env_s", episode.astart) if asynchronous else blocking("env_s", episode.start))
-        buf.prompt_ids = await blocking("tokenize_s", template.first_prompt_ids, [system, *view], episode.tools)
+        buf.set_prompt(await blocking("tokenize_s", template.first_prompt_ids, [system, *view], episode.tools))
         while not episode.done:
             room = cfg.max_context_len - len(buf)
             if turns >= cfg.max_turns or room <= 0:
@@ -254,13 +254,14 @@ async def run_episode(
         clock.add("user_s", episode.user_wait_s)
         clock.add("env_s", -episode.user_wait_s)
     clock.add("total_s", time.perf_counter() - t_start)
+    prompt_ids, response_ids, loss_mask, logprobs, top_p = buf.lists()
     return Trajectory(
         domain=domain,
         task_id=task.id,
-        prompt_ids=buf.prompt_ids,
-        response_ids=buf.response_ids,
-        loss_mask=buf.loss_mask,
-        rollout_logprobs=buf.logprobs,
+        prompt_ids=prompt_ids,
+        response_ids=response_ids,
+        loss_mask=loss_mask,
+        rollout_logprobs=logprobs,
         chat=[system, *episode.agent_view()],
         tools=episode.tools,
         messages=list(episode.messages),  # dumped to JSON only where a record needs them (eval/runner.py)
@@ -276,7 +277,7 @@ async def run_episode(
         user_tool_calls_by_agent=episode.user_tool_calls_by_agent,
         refused_call_ids=sorted(episode.refused_call_ids),
         turn_meta=turn_meta,
-        top_p=TopPSpans(buf.top_p_ids, buf.top_p_offsets) if buf.top_p_offsets is not None else None,
+        top_p=top_p,
         judge=judge_usage.to_dict(),
     )
 
