@@ -144,7 +144,9 @@ def episodes_table(args: argparse.Namespace, r: dict) -> str:
         ("efficiency (ideal / achieved), target >= 90%", f"{r['efficiency']:.1%} ({ok(r['efficiency'] >= 0.9)})"),
         ("event-loop stall max, target <= 50 ms", f"{r['max_stall_s'] * 1e3:.1f} ms ({ok(r['max_stall_s'] <= 0.05)})"),
         ("event-loop stall p99 / median", f"{r['p99_stall_s'] * 1e3:.1f} / {r['median_stall_s'] * 1e3:.1f} ms"),
+        harness.own_stall_row(r),
         ("cyclic GC: full passes / longest", f"{r['gc_full']} / {r['gc_full_max_s'] * 1e3:.0f} ms"),
+        harness.gc_left_row(r),
         ("CPU (all threads) per episode", f"{r['cpu_s'] / args.episodes * 1e3:.1f} ms"),
     ]
     return harness.markdown_table(rows)
