@@ -34,6 +34,7 @@ import json
 import logging
 import os
 import re
+import resource
 import statistics
 import subprocess
 import sys
@@ -271,7 +272,8 @@ async def run_batch(base_url: str, domain: str, tasks: list, episodes: int, conc
     statuses = {s: sum(r["status"] == s for r in records) for s in {r["status"] for r in records}}
     phases = {k: statistics.mean(r["timings"].get(k, 0.0) for r in records) for k in ("env_s", "tokenize_s", "eval_s")}
     return {"wall_s": wall, "cpu_s": cpu, "turns": sum(r["turns"] for r in records), "statuses": statuses,
-            "phases": phases, "gc_left": left, **beat.summary(), **gcp.summary()}
+            "phases": phases, "gc_left": left, **beat.summary(), **gcp.summary(),
+            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
 def profile_name(args: argparse.Namespace) -> str:
@@ -339,7 +341,7 @@ def sharded(args: argparse.Namespace, shard_argv: list[str], calls: Callable[[],
             "turns": sum(r["turns"] for r in results), "statuses": statuses,
             "phases": {k: statistics.mean(r["phases"][k] for r in results) for k in results[0]["phases"]},
             **{k: max(r[k] for r in results) for k in ("max_stall_s", "p99_stall_s", "median_stall_s",
-                                                      "max_own_stall_s", "gc_full_max_s")},
+                                                      "max_own_stall_s", "gc_full_max_s", "peak_rss_mb")},
             **{k: sum(r[k] for r in results) for k in ("gc_cpu_s", "gc_full", "gc_left")}}
 
 
@@ -394,7 +396,8 @@ def own_stall_row(r: dict) -> tuple[str, str]:
 
 
 def gc_left_row(r: dict) -> tuple[str, str]:
-    return "cyclic garbage left at the end (collected by one gc.collect() after the run)", f"{r['gc_left']} objects"
+    return ("cyclic garbage left at the end (one gc.collect() after the run) / peak RSS (the largest process)",
+            f"{r['gc_left']} objects / {r['peak_rss_mb']:.0f} MiB")
 
 
 def yes_no(good: bool) -> str:
