@@ -130,9 +130,15 @@ class AsyncUserSimulator(UserSimulator):
                                      state: UserState) -> tuple[UserMessage, UserState]:
         """tau2's `UserSimulator._generate_next_message` (the installed tau2's), its model call on the event loop."""
         record_user_input(message, state)
-        messages = state.system_messages + state.flip_roles()
+        reply = await self.acall(state.system_messages + state.flip_roles(), self.tool_schemas)
+        state.messages.append(reply)
+        return reply, state
+
+    async def acall(self, messages: list[Message], tool_schemas: list[dict] | None) -> UserMessage:
+        """One model call, awaited: what the installed tau2's `generate(self.llm, messages, tools,
+        **self.llm_args)` checks, sends and reads, as the user's message."""
         check_user_request(messages)
-        body = user_request_body(self.llm, messages, self.tool_schemas, self.llm_args)
+        body = user_request_body(self.llm, messages, tool_schemas, self.llm_args)
         asks = self.llm_args.get("num_retries", 0) if USER_ASKS_AGAIN_WHEN_EMPTY else 0
         for attempt in range(asks + 1):
             try:
@@ -144,5 +150,4 @@ class AsyncUserSimulator(UserSimulator):
                 break
             if attempt < asks:  # tau2 26.3 asks again when the answer has neither text nor tool calls
                 logger.warning("empty answer from the user simulator, asking again (%d/%d)", attempt + 1, asks)
-        state.messages.append(reply)
-        return reply, state
+        return reply
