@@ -13,7 +13,7 @@ from tau2.data_model.message import AssistantMessage
 
 from tau2_rl_pipeline.actions import format_tool_call
 from tau2_rl_pipeline.config import Tau2Config
-from tau2_rl_pipeline.env import build_environment
+from tau2_rl_pipeline.env import Episode, build_environment
 from tau2_rl_pipeline.loopback_server import LoopbackServer
 from tau2_rl_pipeline.tasks import get_task, load_tasks
 from tau2_rl_pipeline.user_client import AsyncUserSimulator
@@ -224,6 +224,47 @@ def test_a_users_tool_call_is_never_checked_and_tools_go_only_with_its_own_calls
     assert tool == "check_status_bar" and calls == 3  # message, its check, the tool call (unchecked)
     own, check, call = (json.loads(b) for b in bodies)
     assert own["tool_choice"] == "auto" and call["tool_choice"] == "auto" and "tools" not in check
+
+
+def test_a_whole_telecom_episode_with_a_strategy_is_the_same_through_both_clients(tiny_engine, small_tokenizer):
+    """Episodes as the rollout plays them (blocking over litellm, awaited over the async client), a verify user
+    with device tools: a failed check regenerates, the device call runs unchecked, the stop is checked too. The
+    same request bodies, conversation and tau2 reward through both clients."""
+    policy = ["Could you check the status bar of your phone, please?", "Is there anything else I can do?"]
+    replies = ["My phone has no data.", "Classification: true",
+               format_tool_call("check_status_bar", {}),
+               "Pizza, please.", "Classification: false", "The status bar shows no signal.", "Classification: true",
+               "No, thanks. ###STOP###", "Classification: true"]
+    task = next(t for t in load_tasks("telecom", "test")
+                if not (t.initial_state and t.initial_state.message_history))
+    runs = {}
+    for client in CLIENTS:
+        with _new_server(tiny_engine) as srv:
+            _say(srv, small_tokenizer, *replies)
+            factory = _factory(srv, "verify", client)
+            user = factory(task, environment := build_environment("telecom", True))
+            assert type(user) is {"litellm": StrategyUser, "async": AsyncStrategyUser}[client]
+            episode = Episode("telecom", task, user, environment=environment, fast=True)
+            if client == "litellm":
+                episode.start()
+                for completion in policy:
+                    episode.act(completion)
+            else:
+                async def go(episode=episode, factory=factory):
+                    await episode.astart()
+                    for completion in policy:
+                        await episode.aact(completion)
+                    await factory.aclose()
+
+                asyncio.run(go())
+            messages = [m.model_dump(mode="json", exclude={"timestamp", "raw_data"}) for m in episode.messages]
+            runs[client] = (list(srv.raw_bodies), messages, user.calls, episode.done, episode.evaluate().reward)
+    assert runs["async"] == runs["litellm"]
+    bodies, messages, calls, done, _ = runs["async"]
+    assert done and calls == len(bodies) == len(replies)
+    said = [m["content"] for m in messages if m["role"] == "user" and m["content"]]
+    assert said == ["My phone has no data.", "The status bar shows no signal.", "No, thanks. ###STOP###"]
+    assert any(m["role"] == "tool" and m["requestor"] == "user" for m in messages)  # the device call ran
 
 
 def test_parsers():
