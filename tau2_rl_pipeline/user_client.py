@@ -129,8 +129,14 @@ class AsyncUserSimulator(UserSimulator):
             state.messages.extend(message.tool_messages)
         else:
             state.messages.append(message)
-        body = user_request_body(self.llm, state.system_messages + state.flip_roles(), self.tool_schemas,
-                                 self.llm_args)
+        reply = await self.acall(state.system_messages + state.flip_roles(), self.tool_schemas)
+        state.messages.append(reply)
+        return reply, state
+
+    async def acall(self, messages: list[Message], tool_schemas: list[dict] | None) -> UserMessage:
+        """One model call, awaited: what tau2's `generate(self.llm, messages, tools, **self.llm_args)` sends and
+        reads (also the extra calls of the user strategies, user_strategies.py)."""
+        body = user_request_body(self.llm, messages, tool_schemas, self.llm_args)
         retries = self.llm_args.get("num_retries", 0)
         for attempt in range(retries + 1):
             try:
@@ -142,5 +148,4 @@ class AsyncUserSimulator(UserSimulator):
                 break
             if attempt < retries:  # tau2 asks again when the answer has neither text nor tool calls
                 logger.warning("empty answer from the user simulator, asking again (%d/%d)", attempt + 1, retries)
-        state.messages.append(reply)
-        return reply, state
+        return reply
