@@ -136,7 +136,8 @@ class AsyncUserSimulator(UserSimulator):
 
     async def acall(self, messages: list[Message], tool_schemas: list[dict] | None) -> UserMessage:
         """One model call, awaited: what the installed tau2's `generate(self.llm, messages, tools,
-        **self.llm_args)` checks, sends and reads, as the user's message."""
+        **self.llm_args)` checks, sends and reads, as the user's message (also the extra calls of the user
+        strategies, user_strategies.py)."""
         check_user_request(messages)
         body = user_request_body(self.llm, messages, tool_schemas, self.llm_args)
         asks = self.llm_args.get("num_retries", 0) if USER_ASKS_AGAIN_WHEN_EMPTY else 0
