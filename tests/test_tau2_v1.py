@@ -1,6 +1,6 @@
 """The suite's episode, oracle, fast_env-parity, evaluator, SFT-data, judge, leaderboard and user-client tests (with
-the async user client's fault tests), again on tau2-bench 1.0.1 (`../shared/third_party/tau2-bench-1.0.1`, run
-from its `src/` with TAU2_DATA_DIR, as its README says).
+the async user client's fault and strategy tests), again on tau2-bench 1.0.1 (`../shared/third_party/tau2-bench-1.0.1`,
+run from its `src/` with TAU2_DATA_DIR, as its README says).
 
 Both tau2s import as `tau2`, so 1.0.1 runs in its own pytest process (one, so the session's tiny models and
 loopback judge are built once). To stay within the suite's time it runs a representative subset: TASKS_PER_DOMAIN
@@ -37,6 +37,8 @@ SELECT = {
     "tests/test_user_client.py": None,  # both user clients' requests and episodes in every domain, <think> privacy
     # the async user client through the user server's faults (tau2's litellm path is the same code on both tau2s)
     "tests/test_faults.py": "async and (faults_end_each_episode or never_answers)",
+    # the user strategies over the async client (over litellm, StrategyUser does not run on 1.0.1 yet: README)
+    "tests/test_user_strategies.py": "async",
     "tests/test_sft_data.py": "mock_demonstrations or oracle_demo or play_turns",
     "tests/test_eval_passk.py": "mock_run_writes or results_file_loads or tau2_metrics_and_rescoring or refused",
 }

@@ -268,7 +268,7 @@ def answers_through(client: str, tiny_engine: Any, replies: list[str],
                 try:
                     reply, _ = await answer(turn)
                     outcomes.append(("reply", reply.content))
-                except AssertionError as e:  # tau2 1.0.1's history validation; the episode records it as aborted
+                except (AssertionError, ValueError) as e:  # tau2 1.0.1's refusals; the episode ends aborted
                     outcomes.append(("error", type(e).__name__, str(e)[:40]))
             await factory.aclose()
 
@@ -288,6 +288,15 @@ def test_an_empty_answer_is_handled_as_the_installed_tau2_does(tiny_engine: Any)
         assert outcomes == [("reply", "Hello."), ("reply", "Bye.")] and len(bodies) == 3 and bodies[0] == bodies[1]
     else:  # 1.0.1
         assert outcomes[0] == ("reply", "") and outcomes[1][:2] == ("error", "AssertionError") and len(bodies) == 1
+
+
+@pytest.mark.skipif(not V1, reason="tau2 1.0.1 only: 26.3's messages carry no audio")
+def test_an_audio_agent_turn_is_refused_as_tau2_1_0_1_refuses_it(tiny_engine: Any) -> None:
+    turns = [AssistantMessage(role="assistant", content=None, is_audio=True, audio_content="AAAA")]
+    runs = {client: answers_through(client, tiny_engine, ["Hello."], turns) for client in USER_CLIENTS}
+    assert runs["async"] == runs["litellm"]
+    outcomes, bodies = runs["async"]
+    assert outcomes == [("error", "ValueError", "Assistant message cannot be audio. Use V")] and bodies == []
 
 
 def test_an_empty_agent_turn_reaches_the_user_as_the_installed_tau2_records_it(tiny_engine: Any) -> None:
