@@ -10,10 +10,11 @@ request's validation, the re-ask of an empty answer, `raw_data`), tau2_version.p
 
 What it sends is what litellm sends for tau2's `generate(...)`, byte for byte: tau2's own message conversion
 (`to_litellm_messages`) with None fields left out as litellm leaves them out, the model name after `openai/`,
-seed, temperature, the user's tools with tool_choice "auto" (telecom), then `extra_body`; compact JSON, UTF-8
-unescaped (tests/test_user_client.py records both clients over whole episodes and compares the bodies, on both
-tau2s). What it reads is what tau2 reads: the first choice's content and tool calls (arguments parsed from JSON),
-the requestor of each call flipped to "user"; on 26.3 an empty answer is asked again up to `num_retries` times.
+seed, temperature, the user's tools with tool_choice "auto" (telecom; 1.0.1's mock too), then `extra_body`;
+compact JSON, UTF-8 unescaped (tests/test_user_client.py records both clients over whole episodes and compares
+the bodies, on both tau2s). What it reads is what tau2 reads: the first choice's content and tool calls
+(arguments parsed from JSON), the requestor of each call flipped to "user"; on 26.3 an empty answer is asked again
+up to `num_retries` times.
 Differences, on purpose: a malformed answer (bad JSON, tool-call arguments that do not parse) is retried with
 backoff like a transport failure, where tau2 raises at once; `cost` is 0.0 (a local server; litellm prices an
 unknown model at 0.0 too); `raw_data` is the answer as received (the first choice on 26.3, the whole response on
