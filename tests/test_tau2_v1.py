@@ -1,5 +1,5 @@
 """The suite's episode, oracle, fast_env-parity, evaluator, SFT-data, judge, leaderboard and user-client tests (with
-the async user client's fault and strategy tests), again on tau2-bench 1.0.1 (`../shared/third_party/tau2-bench-1.0.1`,
+the async user client's fault tests and the user strategies), again on tau2-bench 1.0.1 (`../shared/third_party/tau2-bench-1.0.1`,
 run from its `src/` with TAU2_DATA_DIR, as its README says).
 
 Both tau2s import as `tau2`, so 1.0.1 runs in its own pytest process (one, so the session's tiny models and
@@ -10,7 +10,7 @@ tests below named in SELECT. The full 1.0.1 sweep is:
     PYTHONPATH=../shared/third_party/tau2-bench-1.0.1/src TAU2_DATA_DIR=../shared/third_party/tau2-bench-1.0.1/data \
         python -m pytest tests/test_tasks.py tests/test_episode.py tests/test_oracle.py tests/test_fast_env.py \
         tests/test_sft_data.py tests/test_eval_passk.py tests/test_judge.py tests/test_leaderboard.py \
-        tests/test_user_client.py tests/test_faults.py
+        tests/test_user_client.py tests/test_faults.py tests/test_user_strategies.py
 """
 
 from __future__ import annotations
@@ -37,8 +37,7 @@ SELECT = {
     "tests/test_user_client.py": None,  # both user clients' requests and episodes in every domain, <think> privacy
     # the async user client through the user server's faults (tau2's litellm path is the same code on both tau2s)
     "tests/test_faults.py": "async and (faults_end_each_episode or never_answers)",
-    # the user strategies over the async client (over litellm, StrategyUser does not run on 1.0.1 yet: README)
-    "tests/test_user_strategies.py": "async",
+    "tests/test_user_strategies.py": None,  # each strategy over both user clients
     "tests/test_sft_data.py": "mock_demonstrations or oracle_demo or play_turns",
     "tests/test_eval_passk.py": "mock_run_writes or results_file_loads or tau2_metrics_and_rescoring or refused",
 }
