@@ -330,7 +330,8 @@ def main(argv: list[str] | None = None) -> int:
               "--model out to build the tiny demo model", file=sys.stderr)
         return 2
     report_path = args.out / "report.json"
-    benchmark = benchmark_id({args.domain: [*load_tasks(args.domain, split), *load_tasks(args.domain, eval_split)]})
+    benchmark = benchmark_id({args.domain: [*load_tasks(args.domain, split), *load_tasks(args.domain, eval_split)]},
+                             cfg.retrieval_variant)
     try:  # outputs graded by the other tau2 (or on another task set) are never resumed or compared
         if report_path.exists():
             check_same_benchmark(json.loads(report_path.read_text()).get("benchmark"), benchmark, str(report_path))
