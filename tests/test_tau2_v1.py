@@ -8,7 +8,8 @@ first, tests/task_sample.py) and the tests below named in SELECT. The full 1.0.1
 
     PYTHONPATH=../shared/third_party/tau2-bench-1.0.1/src TAU2_DATA_DIR=../shared/third_party/tau2-bench-1.0.1/data \
         python -m pytest tests/test_tasks.py tests/test_episode.py tests/test_oracle.py tests/test_fast_env.py \
-        tests/test_sft_data.py tests/test_eval_passk.py tests/test_judge.py tests/test_leaderboard.py
+        tests/test_sft_data.py tests/test_eval_passk.py tests/test_judge.py tests/test_leaderboard.py \
+        tests/test_banking.py
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ SELECT = {
     "tests/test_fast_env.py": None,  # oracle and perturbed replays over the task subset, plus mock's 10 tasks
     "tests/test_judge.py": None,
     "tests/test_leaderboard.py": None,
+    "tests/test_banking.py": None,  # banking_knowledge (1.0.1 only): oracle/perturbed parity, eval, submission
     "tests/test_sft_data.py": "mock_demonstrations or oracle_demo or play_turns",
     "tests/test_eval_passk.py": "mock_run_writes or results_file_loads or tau2_metrics_and_rescoring or refused",
 }
