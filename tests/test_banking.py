@@ -159,6 +159,12 @@ def test_a_variant_that_cannot_run_here_is_refused_in_one_line(monkeypatch, tmp_
     assert rc == 2 and not (tmp_path / "r.json").exists()
     (line,) = err.getvalue().strip().splitlines()
     assert line.startswith("error: banking_knowledge's retrieval variant 'alltools' needs OPENAI_API_KEY"), line
+    from tau2_rl_pipeline.local_pipeline import main as demo  # the demo refuses it the same way
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        rc = demo(["--domain", DOMAIN, "--split", "base", "--eval-split", "base", "--out", str(tmp_path / "demo")])
+    assert rc == 2 and err.getvalue().startswith("error: banking_knowledge's retrieval variant 'alltools' needs")
 
 
 def test_an_evaluation_on_banking_is_read_by_tau2_and_its_submission_passes_tau2s_validation(
