@@ -72,7 +72,7 @@ def results_info(domain: str, settings: Mapping[str, Any], num_trials: int) -> I
     banking_knowledge, built with the run's retrieval variant, which Info records as tau2's runner does)."""
     from tau2.run import get_environment_info
 
-    variant = settings["benchmark"].get("retrieval_variant", DEFAULT_RETRIEVAL_VARIANT)
+    variant = (settings.get("benchmark") or {}).get("retrieval_variant", DEFAULT_RETRIEVAL_VARIANT)
     by_variant = env_kwargs(domain, None, variant)
     sampling = settings["sampling"]
     llm_user = settings["user"] == "llm"
