@@ -71,7 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--device", default="auto", help="local backend: torch device (auto: cuda if any)")
     g = p.add_argument_group("tasks")
     g.add_argument("--domains", default="airline,retail,telecom", help="comma-separated tau2 domains")
-    g.add_argument("--task-split", default="test", help="split of every domain (mock has only 'base')")
+    g.add_argument("--task-split", default="test",
+                   help="split of every domain (mock and banking_knowledge have only 'base')")
     g.add_argument("--task-ids", default=None,
                    help="comma-separated task ids (default: all); each must be in some selected domain")
     g.add_argument("--num-samples", type=int, default=4, help="episodes per task: n in pass@k / pass^k, k <= n")
