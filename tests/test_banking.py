@@ -75,7 +75,8 @@ def test_tasks_load_as_one_set_of_97_and_the_variant_is_part_of_the_benchmark_id
 
     tasks = load_tasks(DOMAIN, "base")
     assert len(tasks) == 97 and len({t.id for t in tasks}) == 97
-    with pytest.raises(TaskLookupError, match="^unknown split 'test' for domain 'banking_knowledge'; valid splits: base$"):
+    with pytest.raises(TaskLookupError, match="^unknown split 'test' for domain 'banking_knowledge'; valid splits: "
+                                              "base$"):
         load_tasks(DOMAIN, "test")
     bm25, grep = benchmark_id({DOMAIN: tasks}), benchmark_id({DOMAIN: tasks}, "grep_only")
     assert bm25["retrieval_variant"] == "bm25" and "retrieval_variant" not in benchmark_id({"mock": []})
