@@ -22,8 +22,9 @@ from tau2_rl_pipeline.tau2_version import V1
 pytestmark = pytest.mark.skipif(not V1, reason="tau2 1.0.1 only (tests/test_tau2_v1.py runs this file on 1.0.1)")
 
 DOMAIN = "banking_knowledge"
-# DB basis with agent writes; DB basis with the user's own tool calls; ACTION basis (the agent's calls are checked)
-TASKS = ["task_005", "task_017", "task_004"]
+# DB basis with agent writes; DB basis with the user's own tool calls; ACTION basis (the agent's calls are checked);
+# DB x NL_ASSERTION, the one judged task (the session's loopback judge, tests/conftest.py, answers both paths)
+TASKS = ["task_005", "task_017", "task_004", "task_102"]
 
 
 def _task(task_id: str):
@@ -98,6 +99,7 @@ def test_oracle_replay_scores_1_and_equals_tau2s_native_path(task_id: str) -> No
     ours = episode.evaluate()
     assert ours.reward == 1.0, ours.info
     assert ours.model_dump() == _native_evaluation(episode, kwargs).model_dump()
+    assert (ours.nl_assertions is not None) == (task_id == "task_102")  # the judge was asked where tau2 asks it
 
 
 @pytest.mark.parametrize("task_id", ["task_005", "task_017"])
