@@ -292,6 +292,8 @@ def has_fast_path(domain: str) -> bool:
 def fast_environment(domain: str, solo_mode: bool = False) -> Environment:
     """A fresh tau2 environment for `domain`, built by tau2's own constructor from the shared parsed databases."""
     check_domain(domain)
+    if not has_fast_path(domain):
+        raise ValueError(f"fast_env has no path for {domain}: build it with tau2_rl_pipeline.env.build_environment")
     with _lock:
         agent_db, user_db = _shared_dbs(domain)
     kwargs = {"db": agent_db.fresh()}

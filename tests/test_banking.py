@@ -116,10 +116,12 @@ def test_a_replay_without_its_last_write_scores_the_same_lower_reward_on_both_pa
 
 def test_fast_env_is_not_used_for_banking_and_other_domains_keep_it() -> None:
     from tau2_rl_pipeline.env import Episode, build_environment
-    from tau2_rl_pipeline.fast_env import has_fast_path
+    from tau2_rl_pipeline.fast_env import fast_environment, has_fast_path
     from tau2_rl_pipeline.tasks import load_tasks
 
     assert not has_fast_path(DOMAIN) and has_fast_path("airline")
+    with pytest.raises(ValueError, match="^fast_env has no path for banking_knowledge: "):
+        fast_environment(DOMAIN)
     episode = Episode(DOMAIN, _task("task_004"), None, fast=True)
     assert not episode.fast and type(episode.env.tools).__module__.startswith("tau2.")
     assert type(build_environment(DOMAIN, True, task=_task("task_004")).tools).__module__.startswith("tau2.")
