@@ -459,14 +459,17 @@ class Tau2GymEnv(gym.Env):
     """A tau2 episode gym-style: the action is the policy's completion text; the observation is the text of
     what the agent sees next; the reward is tau2's task reward, given when the episode ends.
 
-    `user_factory(task, environment) -> BaseUser` builds the user side per episode (see `users.py`).
+    `user_factory(task, environment) -> BaseUser` builds the user side per episode (see `users.py`);
+    `retrieval_variant`: banking_knowledge's (tau2 1.0.1), as TAU2_RETRIEVAL_VARIANT.
     """
 
     metadata = {"render_modes": []}
 
     def __init__(self, domain: str, tasks: Sequence[Task], user_factory: Callable[[Task, Environment], BaseUser],
-                 *, max_steps: int = 200, max_errors: int = 10, max_turns: int = 30, fast: bool = True):
+                 *, max_steps: int = 200, max_errors: int = 10, max_turns: int = 30, fast: bool = True,
+                 retrieval_variant: str = DEFAULT_RETRIEVAL_VARIANT):
         self.domain = domain
+        self.retrieval_variant = retrieval_variant
         self.tasks = list(tasks)
         self.user_factory = user_factory
         self.max_steps, self.max_errors, self.max_turns = max_steps, max_errors, max_turns
@@ -485,9 +488,10 @@ class Tau2GymEnv(gym.Env):
                 raise ValueError(f"unknown task id {options['task_id']!r} for {self.domain}")
         else:
             task = self.tasks[int(self.np_random.integers(len(self.tasks)))]
-        environment = build_environment(self.domain, self.fast, task=task)
+        environment = build_environment(self.domain, self.fast, task=task, retrieval_variant=self.retrieval_variant)
         self.episode = Episode(self.domain, task, self.user_factory(task, environment),
                                max_steps=self.max_steps, max_errors=self.max_errors, environment=environment,
+                               retrieval_variant=self.retrieval_variant,
                                fast=self.fast)
         self._turns = 0
         view = self.episode.start()

@@ -143,6 +143,21 @@ def test_the_retrieval_variant_setting_reaches_the_environment_and_the_evaluator
     assert grep.policy == _native(task, "grep_only")[1].get_policy()
 
 
+def test_the_gym_env_builds_banking_with_its_variant_and_scores_with_tau2s_evaluator() -> None:
+    from tau2_rl_pipeline.env import Tau2GymEnv
+    from tau2_rl_pipeline.sft_data import demo_turns
+    from tau2_rl_pipeline.users import ScriptedUser
+
+    task = _task("task_004")
+    env = Tau2GymEnv(DOMAIN, [task], lambda t, environment: ScriptedUser(t), retrieval_variant="grep_only")
+    _, info = env.reset(seed=0, options={"task_id": task.id})
+    names = {t["function"]["name"] for t in info["tools"]}
+    assert "grep" in names and "KB_search" not in names and env.episode.env_kwargs["retrieval_variant"] == "grep_only"
+    for text in demo_turns(task):
+        _, reward, terminated, _, step = env.step(text)
+    assert terminated and reward == 1.0, step
+
+
 def test_a_variant_that_cannot_run_here_is_refused_in_one_line(monkeypatch, tmp_path: Path) -> None:
     from eval.eval_passk import main
     from tau2_rl_pipeline.tau2_version import RetrievalVariantError, check_retrieval_variant, retrieval_needs
