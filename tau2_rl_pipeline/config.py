@@ -56,7 +56,8 @@ class Tau2Config:
         "how tau2's LLM user reaches its model: async = the project's client of an OpenAI-compatible "
         "/v1/chat/completions on the event loop, sending tau2's requests (a local server); litellm = tau2's own "
         "UserSimulator over litellm on worker threads (provider models: API keys, routing); auto = async when "
-        "TAU2_USER_API_BASE is set and TAU2_USER_MODEL starts with openai/ (and TAU2_USER_STRATEGY is llm), else litellm",
+        "TAU2_USER_API_BASE is set and TAU2_USER_MODEL starts with openai/, else litellm (any TAU2_USER_STRATEGY "
+        "runs over either)",
         choices=("auto", "async", "litellm")))
     user_max_in_flight: int = field(default=256, metadata=_meta(
         "user-simulator requests open at once through the async client, per rollout process", min_value=1))

