@@ -107,6 +107,22 @@ require_gpus() {
 port_in_use() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 require_port_free() { if port_in_use "$1"; then problem "port $1 ($2) is already in use on 127.0.0.1"; fi; }
 
+# A model server this repository starts for a client of its own (user simulator, judge): the client's api base
+# (${!1}) must be a local http://host:port/v1 and its model (${!2}) openai/<served name>, so the server is always where
+# the client looks for it. Sets SERVED_PORT and SERVED_NAME. $3: an example api base, $4: what is served.
+served_endpoint() {
+  local base_var=$1 model_var=$2 example=$3 what=$4
+  local base="${!base_var:-}" model="${!model_var:-}"
+  [[ -n "${base}" ]] || die "${base_var} is empty (provider endpoint): there is no local ${what} to serve"
+  [[ "${base}" =~ ^http://[^/:]+:([0-9]+)/v1/?$ ]] || die "${base_var}=${base} must look like ${example}"
+  # shellcheck disable=SC2034  # read by the calling script
+  SERVED_PORT="${BASH_REMATCH[1]}"
+  [[ "${model}" == openai/?* ]] ||
+    die "${model_var}=${model} must be openai/<served name> for the ${what} client to use this server"
+  # shellcheck disable=SC2034  # read by the calling script
+  SERVED_NAME="${model#openai/}"
+}
+
 server_up() { curl -fsS --max-time 5 -o /dev/null "$1" 2>/dev/null; }
 require_server() {
   if is_dry; then note "dry run: not checking that $2 answers at $1"; return 0; fi

@@ -19,13 +19,8 @@ JUDGE_GPUS="${JUDGE_GPUS:-${USER_SIM_GPUS}}"
 JUDGE_TP="${JUDGE_TP:-1}"
 JUDGE_MEM_FRACTION="${JUDGE_MEM_FRACTION:-0.4}"
 
-[[ -n "${TAU2_JUDGE_API_BASE:-}" ]] || die "TAU2_JUDGE_API_BASE is empty (provider endpoint): there is no local judge to serve"
-[[ "${TAU2_JUDGE_API_BASE}" =~ ^http://[^/:]+:([0-9]+)/v1/?$ ]] ||
-  die "TAU2_JUDGE_API_BASE=${TAU2_JUDGE_API_BASE} must look like http://127.0.0.1:30002/v1"
-JUDGE_PORT="${BASH_REMATCH[1]}"
-[[ "${TAU2_JUDGE_MODEL:-}" == openai/?* ]] ||
-  die "TAU2_JUDGE_MODEL=${TAU2_JUDGE_MODEL:-} must be openai/<served name> for the judge client to use this server"
-SERVED_NAME="${TAU2_JUDGE_MODEL#openai/}"
+served_endpoint TAU2_JUDGE_API_BASE TAU2_JUDGE_MODEL http://127.0.0.1:30002/v1 judge
+JUDGE_PORT="${SERVED_PORT}"
 require_number JUDGE_MEM_FRACTION "${JUDGE_MEM_FRACTION}"
 require_uint JUDGE_TP "${JUDGE_TP}"
 JUDGE_DP=$(($(gpu_count "${JUDGE_GPUS}") / JUDGE_TP))

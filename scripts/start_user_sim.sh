@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Serve the user simulator: an SGLang server (OpenAI-compatible /v1) on USER_SIM_GPUS that tau2's user simulator
-# reaches through litellm as TAU2_USER_MODEL=openai/<served name> at TAU2_USER_API_BASE. Runs in the foreground
-# (pipeline.sh starts it in the background); stop it with Ctrl-C.
+# Serve the user simulator: an SGLang server (OpenAI-compatible /v1) on USER_SIM_GPUS that the user-simulator client
+# (the async one, or litellm) reaches as TAU2_USER_MODEL=openai/<served name> at TAU2_USER_API_BASE. Runs in the
+# foreground (pipeline.sh starts it in the background); stop it with Ctrl-C.
 #
 #   bash scripts/start_user_sim.sh            # serves ${BASE_HF_DIR} on 127.0.0.1:30001 by default
 #   DRY_RUN=1 bash scripts/start_user_sim.sh
@@ -17,13 +17,8 @@ USER_SIM_HOST="${USER_SIM_HOST:-127.0.0.1}"
 USER_SIM_MEM_FRACTION="${USER_SIM_MEM_FRACTION:-0.85}"
 USER_SIM_TOOL_PARSER="${USER_SIM_TOOL_PARSER:-qwen25}"
 
-[[ -n "${TAU2_USER_API_BASE}" ]] || die "TAU2_USER_API_BASE is empty (provider endpoint): there is no local user simulator to serve"
-[[ "${TAU2_USER_API_BASE}" =~ ^http://[^/:]+:([0-9]+)/v1/?$ ]] ||
-  die "TAU2_USER_API_BASE=${TAU2_USER_API_BASE} must look like http://127.0.0.1:30001/v1"
-USER_SIM_PORT="${BASH_REMATCH[1]}"
-[[ "${TAU2_USER_MODEL}" == openai/?* ]] ||
-  die "TAU2_USER_MODEL=${TAU2_USER_MODEL} must be openai/<served name> for litellm to use this server"
-SERVED_NAME="${TAU2_USER_MODEL#openai/}"
+served_endpoint TAU2_USER_API_BASE TAU2_USER_MODEL http://127.0.0.1:30001/v1 "user simulator"
+USER_SIM_PORT="${SERVED_PORT}"
 require_number USER_SIM_MEM_FRACTION "${USER_SIM_MEM_FRACTION}"
 USER_SIM_DP=$((NUM_USER_SIM_GPUS / USER_SIM_TP))
 

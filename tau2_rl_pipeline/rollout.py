@@ -184,7 +184,7 @@ async def run_episode(
     template = observation_template(tokenizer)
     episode = await blocking("env_s", lambda: Episode(domain, task, user, max_steps=cfg.max_steps,
                                                        max_errors=cfg.max_errors, environment=environment,
-                                                       fast=cfg.fast_env))
+                                                       fast=cfg.fast_env, retrieval_variant=cfg.retrieval_variant))
     system = {"role": "system", "content": episode.system_prompt}
     buf = TokenBuffer()
     status, reason, error, turns = COMPLETED, None, None, 0

@@ -216,7 +216,7 @@ async def generate(args, sample, sampling_params: dict[str, Any], evaluation: bo
                      cfg.engine_max_retries, cfg.engine_timeout_s)
     state = slime.GenerateState(args)
     sampling = sampling_from_slime(sampling_params, tokenizer)
-    environment = build_environment(domain, cfg.fast_env)
+    environment = build_environment(domain, cfg.fast_env, task=task, retrieval_variant=cfg.retrieval_variant)
     user = _user_factory(cfg)(task, environment)
     traj = await run_episode(domain, task, engine, tokenizer, user, sampling, cfg, environment=environment,
                              stop_requested=lambda: state.aborted)

@@ -8,21 +8,26 @@
   writes a new message (`Response:`), which is checked in turn.
 
 Training against varied users is a robustness lever: the same task is played by users that behave differently.
-Every call goes through tau2's `generate` with the user simulator's own model and litellm arguments (timeouts,
-retries; a call that still fails raises, and the episode ends aborted). Tool calls of a telecom user are never
-rewritten or checked: they run on the device as the model asked. `calls` counts the LLM calls of this user.
+The strategy is written once (`StrategyUser._refine`, a generator that yields the messages of each extra call and
+is sent its answer) and driven by either user client: `StrategyUser` makes the calls over litellm with tau2's
+`generate`, `AsyncStrategyUser` awaits them through the async client (user_client.py), the same requests byte for
+byte. Both use the user simulator's own model and arguments (timeouts, retries; a call that still fails raises, and
+the episode ends aborted). Tool calls of a telecom user are never rewritten or checked: they run on the device as
+the model asked. `calls` counts the LLM calls of this user.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Awaitable, Callable, Generator
 from typing import TYPE_CHECKING, Any
 
-from tau2.data_model.message import SystemMessage, UserMessage
+from tau2.data_model.message import Message, SystemMessage, UserMessage
 from tau2.user.user_simulator import UserSimulator
 from tau2.utils.llm_utils import generate
 
 from tau2_rl_pipeline.tau2_version import UserState
+from tau2_rl_pipeline.user_client import AsyncUserSimulator
 
 if TYPE_CHECKING:
     from tau2.user.base import ValidUserInputMessage
@@ -87,8 +92,32 @@ def transcript(state: UserState, candidate: str) -> str:
     return "\n".join(lines) + f"\n\nNext customer message:\n{candidate}"
 
 
+# A strategy's extra calls for one user message: it yields each call's messages and is sent the answer.
+Steps = Generator[list[Message], Message, None]
+
+
+def run_blocking(steps: Steps, call: Callable[[list[Message]], Message]) -> None:
+    """Drive a strategy's steps with a blocking model call."""
+    answer = None
+    try:
+        while True:
+            answer = call(steps.send(answer))
+    except StopIteration:
+        pass
+
+
+async def run_awaiting(steps: Steps, call: Callable[[list[Message]], Awaitable[Message]]) -> None:
+    """Drive a strategy's steps with an awaited model call."""
+    answer = None
+    try:
+        while True:
+            answer = await call(steps.send(answer))
+    except StopIteration:
+        pass
+
+
 class StrategyUser(UserSimulator):
-    """tau2's UserSimulator with one of the original tau-bench strategies on top."""
+    """tau2's UserSimulator with one of the original tau-bench strategies on top; its calls go over litellm."""
 
     def __init__(self, *args: Any, strategy: str = "llm", max_checks: int = 2, **kwargs: Any) -> None:
         if strategy not in STRATEGIES:
@@ -103,46 +132,64 @@ class StrategyUser(UserSimulator):
         prompt = super().system_prompt
         return prompt + REACT_INSTRUCTION if self.strategy == "react" else prompt
 
-    def _call(self, messages: list, tools: Any = None):
+    def _call(self, messages: list[Message]) -> Message:
         self.calls += 1
-        return generate(model=self.llm, messages=messages, tools=tools, **self.llm_args)
+        return generate(model=self.llm, messages=messages, **self.llm_args)
 
-    def _generate_next_message(self, message: ValidUserInputMessage,
-                               state: UserState) -> tuple[UserMessage, UserState]:
+    def generate_next_message(self, message: ValidUserInputMessage,
+                              state: UserState) -> tuple[UserMessage, UserState]:
+        # the public method: in every tau2 version it returns (message, state) with the message appended to the
+        # state (26.3's _generate_next_message does both, 1.0.1's returns the message alone)
         self.calls += 1  # tau2's own generate call, made by the parent class
-        reply, state = super()._generate_next_message(message, state)
+        reply, state = super().generate_next_message(message, state)
+        run_blocking(self._refine(state, reply), self._call)
+        return reply, state
+
+    def _refine(self, state: UserState, reply: UserMessage) -> Steps:
+        """The strategy on the message tau2's simulator just wrote (the last one in `state`): rewrites its content
+        in place, making its extra calls by yielding them."""
         if reply.is_tool_call() or reply.content is None:
-            return reply, state
+            return
         if self.strategy == "react":
             reply.content = strip_thought(reply.content)
         elif self.strategy in ("verify", "reflection"):
-            reply.content = self._checked(state, reply.content)
-        return reply, state
+            reply.content = yield from self._checked(state, reply.content)
 
-    def _checked(self, state: UserState, candidate: str) -> str:
+    def _checked(self, state: UserState, candidate: str) -> Generator[list[Message], Message, str]:
         """The candidate, or its replacement after failed checks; the last one when no check passes."""
         history = state.messages[:-1]  # the candidate was just appended by the parent class
         view = UserState(system_messages=state.system_messages, messages=history)
         for attempt in range(self.max_checks):
-            if self._passes(view, candidate):
+            verdict = yield [SystemMessage(role="system", content=CHECK_PROMPT.format(scenario=self.instructions)),
+                             UserMessage(role="user", content=transcript(view, candidate))]
+            if parse_check(verdict.content):
                 return candidate
             if attempt + 1 == self.max_checks:
                 break
-            candidate = self._replacement(view, candidate)
+            candidate = yield from self._replacement(view, candidate)
         return candidate
 
-    def _passes(self, view: UserState, candidate: str) -> bool:
-        prompt = CHECK_PROMPT.format(scenario=self.instructions)
-        verdict = self._call([SystemMessage(role="system", content=prompt),
-                              UserMessage(role="user", content=transcript(view, candidate))])
-        return parse_check(verdict.content)
-
-    def _replacement(self, view: UserState, rejected: str) -> str:
+    def _replacement(self, view: UserState, rejected: str) -> Generator[list[Message], Message, str]:
         if self.strategy == "reflection":
-            prompt = REFLECT_PROMPT.format(scenario=self.instructions)
-            answer = self._call([SystemMessage(role="system", content=prompt),
-                                 UserMessage(role="user", content=transcript(view, rejected))])
+            answer = yield [SystemMessage(role="system", content=REFLECT_PROMPT.format(scenario=self.instructions)),
+                            UserMessage(role="user", content=transcript(view, rejected))]
             return parse_reflection(answer.content or "") or rejected
         # verify: sample the message again from the same view (the user simulator's temperature varies it)
-        answer = self._call(view.system_messages + view.flip_roles())
+        answer = yield view.system_messages + view.flip_roles()
         return answer.content or rejected
+
+
+class AsyncStrategyUser(StrategyUser, AsyncUserSimulator):
+    """The same strategy over the async user client (`AsyncUserSimulator(client, ...)`): every call, tau2's and
+    the strategy's, awaited on the event loop. A blocking caller still gets StrategyUser's litellm path."""
+
+    async def _acall(self, messages: list[Message]) -> Message:
+        self.calls += 1
+        return await self.acall(messages, None)  # the strategy's calls carry no tools, as over litellm
+
+    async def agenerate_next_message(self, message: ValidUserInputMessage,
+                                     state: UserState) -> tuple[UserMessage, UserState]:
+        self.calls += 1  # the simulator's own call, made by AsyncUserSimulator
+        reply, state = await super().agenerate_next_message(message, state)
+        await run_awaiting(self._refine(state, reply), self._acall)
+        return reply, state

@@ -5,8 +5,8 @@
   it gets the user's device tools, and its tool calls run on them. `TAU2_USER_CLIENT` picks how it reaches its
   model: over litellm on worker threads (provider models), or, by default for a local server, tau2's same
   simulator whose call is one request awaited on the event loop (user_client.py: same requests, no thread).
-  TAU2_USER_STRATEGY picks one of the original tau-bench's strategies on top of it (user_strategies.py; its calls
-  go over litellm, so auto picks litellm then).
+  TAU2_USER_STRATEGY picks one of the original tau-bench's strategies on top of it (user_strategies.py), over
+  whichever client was picked.
 - `scripted`: an offline user built from the task's scenario, for runs with no LLM at all (the demo, CI). It states
   the request and what it knows, performs the task's user-side gold actions when the agent replies (telecom device
   steps), then ends with ###STOP###. It is a plumbing and learning-signal check, not a tau2 user: scores with it are
@@ -25,8 +25,8 @@ from tau2.user.user_simulator import UserSimulator
 
 from tau2_rl_pipeline.config import Tau2Config
 from tau2_rl_pipeline.user_client import OPENAI_PREFIX, AsyncUserSimulator, chat_client
-from tau2_rl_pipeline.tau2_version import STOP, V1, BaseUser, UserState
-from tau2_rl_pipeline.user_strategies import StrategyUser
+from tau2_rl_pipeline.tau2_version import STOP, BaseUser, UserState
+from tau2_rl_pipeline.user_strategies import AsyncStrategyUser, StrategyUser
 
 USER_KINDS = ("llm", "scripted")
 UserFactory = Callable[[Task, Environment], BaseUser]
@@ -123,25 +123,17 @@ def llm_user_args(cfg: Tau2Config) -> dict:
 
 def user_client_kind(cfg: Tau2Config) -> str:
     """"async" or "litellm": TAU2_USER_CLIENT, with auto = async for a local OpenAI-compatible server (an API base
-    and an openai/ model), litellm otherwise. The async client reimplements tau2 26.3's user turn; on tau2-bench
-    1.x auto keeps tau2's own (litellm) path, and asking for async there is refused in one line."""
-    if V1 and cfg.user_client == "async":
-        raise UserConfigError("TAU2_USER_CLIENT=async is verified against tau2 26.3's user simulator only; with "
-                              "tau2-bench 1.0.1 use TAU2_USER_CLIENT=litellm (or auto)")
+    and an openai/ model), litellm otherwise; the same on tau2 26.3 and 1.0.1 (the async client follows the
+    installed tau2's user turn)."""
     if cfg.user_client != "auto":
         return cfg.user_client
-    if cfg.user_strategy != "llm":  # the strategies' extra calls go through tau2's generate (litellm)
-        return "litellm"
-    return "async" if not V1 and cfg.user_api_base and cfg.user_model.startswith(OPENAI_PREFIX) else "litellm"
+    return "async" if cfg.user_api_base and cfg.user_model.startswith(OPENAI_PREFIX) else "litellm"
 
 
 def check_llm_user(cfg: Tau2Config) -> None:
     """Fail early, in one line, when a remote user model has no API key (checked by name, never printed), when
     the async client has no server to talk to, or when litellm's blocking calls would run on the event loop."""
     if user_client_kind(cfg) == "async":
-        if cfg.user_strategy != "llm":
-            raise UserConfigError(f"TAU2_USER_STRATEGY={cfg.user_strategy} makes its calls over litellm: set "
-                                  "TAU2_USER_CLIENT=litellm or auto")
         if not cfg.user_api_base:
             raise UserConfigError("TAU2_USER_CLIENT=async needs TAU2_USER_API_BASE (an OpenAI-compatible server, "
                                   "e.g. http://127.0.0.1:30001/v1 from scripts/start_user_sim.sh)")
@@ -176,15 +168,14 @@ class LLMUserFactory:
 
     def __call__(self, task: Task, environment: Environment) -> BaseUser:
         tools = environment.get_user_tools() if environment.user_tools is not None else None
+        kwargs = {"tools": tools, "instructions": str(task.user_scenario), "llm": self.cfg.user_model,
+                  "llm_args": dict(self.args)}
         if self.client is not None:
-            return AsyncUserSimulator(self.client, tools=tools, instructions=str(task.user_scenario),
-                                      llm=self.cfg.user_model, llm_args=dict(self.args))
+            kwargs["client"] = self.client
         if self.cfg.user_strategy != "llm":  # the original tau-bench's strategies, on top of tau2's simulator
-            return StrategyUser(tools=tools, instructions=str(task.user_scenario), llm=self.cfg.user_model,
-                                llm_args=dict(self.args), strategy=self.cfg.user_strategy,
-                                max_checks=self.cfg.user_strategy_max_checks)
-        return UserSimulator(tools=tools, instructions=str(task.user_scenario), llm=self.cfg.user_model,
-                             llm_args=dict(self.args))
+            kwargs.update(strategy=self.cfg.user_strategy, max_checks=self.cfg.user_strategy_max_checks)
+            return (StrategyUser if self.client is None else AsyncStrategyUser)(**kwargs)
+        return (UserSimulator if self.client is None else AsyncUserSimulator)(**kwargs)
 
     async def aclose(self) -> None:
         if self.client is not None:
