@@ -29,6 +29,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from tau2_rl_pipeline import judge
 from tau2_rl_pipeline.config import ConfigError, Tau2Config, add_config_args, command_parser, config_from_args
 from tau2_rl_pipeline.demo_report import (
     ALGORITHMS,
@@ -45,7 +46,7 @@ from tau2_rl_pipeline.sft_data import oracle_demonstrations
 from tau2_rl_pipeline.stage_book import SKIP, StageBook, StaleOutputError
 from tau2_rl_pipeline.tasks import DOMAINS, TaskLookupError, check_split, load_tasks
 from tau2_rl_pipeline.tau2_version import (BenchmarkMismatch, RetrievalVariantError, benchmark_id,
-                                           check_retrieval_variant)
+                                           check_retrieval_variant, needs_judge)
 from tau2_rl_pipeline.trainer import LocalTrainer, TrainConfig, sft_example_from_chat
 
 DEMO_MAX_TURNS = 8  # unless --max-turns or TAU2_MAX_TURNS say otherwise: mock tasks take 2-3 policy turns
@@ -333,7 +334,9 @@ def main(argv: list[str] | None = None) -> int:
         check_split(args.domain, split)
         check_split(args.domain, eval_split)
         check_retrieval_variant([args.domain], cfg.retrieval_variant)
-    except (ConfigError, TaskLookupError, RetrievalVariantError) as e:
+        if any(needs_judge(t) for s in (split, eval_split) for t in load_tasks(args.domain, s)):
+            judge.check_judge(cfg)  # tau2 1.0.1's judged retail: a remote judge without an API key, before any work
+    except (ConfigError, TaskLookupError, RetrievalVariantError, judge.JudgeConfigError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if args.model and not (Path(args.model) / "config.json").is_file():

@@ -145,6 +145,17 @@ def test_the_whole_pipeline_runs_on_tau2_1_0_1_and_records_it(tiny_small_dir: Pa
     assert (out / "sft" / "config.json").is_file() and (out / "report.json").is_file()  # nothing removed
 
 
+@pytest.mark.skipif(not V1, reason="tau2 1.0.1 only: 26.3's retail has no judged task (tests/test_tau2_v1.py runs it)")
+def test_a_judged_domain_without_a_reachable_judge_is_one_line_before_any_work(tmp_path: Path, capsys,
+                                                                                 monkeypatch) -> None:
+    for name in ("TAU2_JUDGE_API_BASE", "TAU2_JUDGE_MODEL", "OPENAI_API_KEY"):  # tau2's default judge, no key
+        monkeypatch.delenv(name, raising=False)
+    assert main(["--domain", "retail", "--out", str(tmp_path / "d")]) == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: tau2's NL-assertion judge") and "OPENAI_API_KEY" in lines[0]
+    assert not (tmp_path / "d").exists()  # no tokenizer, model or evaluation started
+
+
 def test_a_bad_tau2_value_is_one_line_not_a_traceback(tmp_path: Path, capsys, monkeypatch) -> None:
     monkeypatch.setenv("TAU2_REWARD_ALPHA", "lots")
     assert main(["--out", str(tmp_path / "d")]) == 2

@@ -48,7 +48,7 @@ SELECT = {
     "tests/test_eval_passk.py": "mock_run_writes or results_file_loads or tau2_metrics_and_rescoring or refused",
 }
 ENTRY_POINTS = {
-    "tests/test_local_pipeline.py": "another_tau2 or whole_pipeline",
+    "tests/test_local_pipeline.py": "another_tau2 or whole_pipeline or reachable_judge",
     "tests/test_eval_passk.py": "two_rollout_processes",  # mock, and two retail tasks (one judged)
     "tests/contract/test_slime_tau2_rewards.py": None,
     "tests/contract/test_slime_rollout.py": "successful_episodes",
