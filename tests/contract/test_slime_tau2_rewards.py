@@ -2,19 +2,24 @@
 this file on tau2 1.0.1 too): each sample's reward is tau2's own evaluation of the episode it came from, scored
 again on tau2's native environments (the rollout scores on fast_env's), the judged retail reward of 1.0.1 included
 (the loopback judge answers). The policy replays the gold actions (airline without its write: a failure), tau2's LLM
-user speaks through the loopback server."""
+user speaks through the loopback server. A task index written with the other tau2 stops the run (the asynchronous
+one too) with one line before any episode."""
 
 from __future__ import annotations
 
+import json
 import re
+import time
 
-from slime_harness import flat, prompt_rows, rollout, slime_args, train_data
+import pytest
+from slime_harness import flat, prompt_rows, reset_slime, rollout, slime_args, train_data
+from test_slime_rollout import ASYNC_ROLLOUT
 
 from tau2_rl_pipeline import slime_adapter
 from tau2_rl_pipeline.actions import render_assistant_text
 from tau2_rl_pipeline.oracle import final_message, gold_actions, last_write_index
 from tau2_rl_pipeline.tasks import get_task
-from tau2_rl_pipeline.tau2_version import STOP, V1, needs_judge
+from tau2_rl_pipeline.tau2_version import STOP, V1, VERSION, BenchmarkMismatch, needs_judge
 
 TASKS = {("airline", "19"): "drop the write", ("retail", "36"): "gold"}  # one write each; retail 36 judged on 1.0.1
 
@@ -97,3 +102,27 @@ def test_each_samples_reward_is_tau2s_own_evaluation_of_its_episode(slime_env, m
         assert needs_judge(get_task("retail", "36"))
         assert "NL_ASSERTION" in by_task[("retail", "36")].reward_info.reward_breakdown
         assert len(judge.requests) - judged_before >= 2
+
+
+@pytest.mark.parametrize("rollout_function", [None, ASYNC_ROLLOUT], ids=["sync", "fully_async"])
+def test_a_task_index_of_the_other_tau2_stops_the_run_in_one_line(slime_env, loopback, tiny_small_dir, tmp_path,
+                                                                   rollout_function):
+    other = "26.3" if V1 else "1.0.1"
+    rows = prompt_rows(tmp_path / "p.jsonl", ["create_task_1"])
+    row = json.loads(rows.read_text())
+    row["metadata"]["benchmark"]["tau2_version"] = other  # as `python -m tau2_rl_pipeline.tasks` wrote it there
+    rows.write_text(json.dumps(row) + "\n")
+    extra = ("--rollout-function-path", rollout_function, "--sglang-server-concurrency", "1") if rollout_function \
+        else ()
+    args = slime_args(tiny_small_dir, rows, loopback.base_url.removeprefix("http://"), batch=1, n=2, extra=extra)
+    started = time.monotonic()
+    with pytest.raises(BenchmarkMismatch) as refused:
+        rollout(args)
+    reset_slime()  # the async worker stops while the server is still up
+    assert time.monotonic() - started < 60
+    message = str(refused.value)
+    assert "\n" not in message and message == (
+        f"the task index row 'tau2 mock task create_task_1' was produced with tau2 {other}, this run uses tau2 "
+        f"{VERSION}: results of two tau2 versions are not comparable; write the task index again with this tau2 "
+        "(python -m tau2_rl_pipeline.tasks)")
+    assert loopback.count("/generate") == 0  # no episode started
