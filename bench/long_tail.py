@@ -141,7 +141,10 @@ def register_rows(turns: list[int]) -> list[dict]:
     registry._tasks["mock"] = lambda split=None: [*original(split), *copies]  # tau2 refuses a second register
     tasks._load.cache_clear()
     tasks._index.cache_clear()
-    return [{"input": f"long-tail row {row}", "metadata": {"domain": "mock", "split": "base", "task_id": t.id}}
+    tasks._split_hash.cache_clear()
+    benchmark = tasks.split_benchmark("mock", "base")  # of the task set with the copies, as the rollout computes it
+    return [{"input": f"long-tail row {row}",
+             "metadata": {"domain": "mock", "split": "base", "task_id": t.id, "benchmark": benchmark}}
             for row, t in enumerate(copies)]
 
 

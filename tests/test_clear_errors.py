@@ -106,9 +106,11 @@ def test_an_unreachable_policy_server_error_says_what_to_do() -> None:
 def test_a_demo_report_of_another_tau2_is_not_resumed(tmp_path, capsys):
     from tau2_rl_pipeline.local_pipeline import main
 
-    (tmp_path / "report.json").write_text(json.dumps({"benchmark": {"tau2_version": "0.9", "task_set_hash": "x"},
-                                                      "stages": {"base": {}}}))
+    other = {"tau2_version": "0.9", "task_set_hash": "x"}
+    (tmp_path / "report.json").write_text(json.dumps({"benchmark": other, "stages": {"base": {}}}))
+    (tmp_path / "stages.json").write_text(json.dumps({"base": {"settings": {}, "result": {}, "benchmark": other}}))
     assert main(["--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and "was produced with tau2 0.9, this run uses tau2" in err and "\n" not in err
     assert json.loads((tmp_path / "report.json").read_text())["benchmark"]["tau2_version"] == "0.9"  # untouched
+    assert json.loads((tmp_path / "stages.json").read_text())["base"]["benchmark"] == other
