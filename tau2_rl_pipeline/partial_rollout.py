@@ -48,7 +48,8 @@ class LiveEpisodes:
             raise ValueError(f"capacity must be at least 1, got {capacity}")
         self.capacity = capacity
         self._entries: OrderedDict[tuple, _Entry] = OrderedDict()
-        self._lock = threading.Lock()
+        # re-entrant: a sample's finalizer (_drop) may run in this thread during a collection inside the lock
+        self._lock = threading.RLock()
         self._serials = itertools.count()
         self.evicted = 0
 
