@@ -206,6 +206,9 @@ def step_counts(handed: list, batch: list, kept: set[int], buffered: list) -> di
         "episodes_truncated": sum(s.status.name == "TRUNCATED" for s in batch),
         "turns_run": sum(requests(s) for s, _, _ in ran) - sum(r for _, r in continued),
         "turns_trained": sum(requests(s) for s in batch),
+        # sampled in an earlier step (older weights): what --mask-offpolicy-in-partial-rollout takes out of the loss
+        "turns_trained_from_earlier_steps": sum(requests(s) for s in batch if id(s) not in ran_ids)
+        + sum(r for s, r in continued if id(s) in in_batch),
         "turns_thrown_away": sum(requests(s) for s in lost) + restarted_turns,
         "turns_in_buffer": sum(requests(s) for s in buffered),
         "prompt_hand_outs": len(groups), "prompts_trained": len(trained_groups),
@@ -270,7 +273,7 @@ WALL_COLUMNS = ("mode", "steps measured", "wall per step (mean)", "vs sync", "wa
                 "CPU per step: rollout process / model server")
 BOOK_COLUMNS = ("mode", "episodes run (continued)", "trained (from earlier steps)", "cut by the abort",
                 "finished, group not trained (thrown away)", "tail episodes", "truncated in batch", "policy turns run",
-                "turns trained", "turns thrown away", "turns in the buffer at end", "mean turns per trained episode",
+                "turns trained (sampled in an earlier step)", "turns thrown away", "turns in the buffer at end", "mean turns per trained episode",
                 "prompt hand-outs",
                 "trained / dropped / back to buffer at end",
                 "most hand-outs of one prompt (of each left in the buffer)")
@@ -295,7 +298,8 @@ def table(results: list[dict], cfg: argparse.Namespace) -> str:
             r["mode"], f"{r['episodes_run']} ({r['episodes_continued']})",
             f"{r['episodes_trained']} ({r['episodes_trained_from_earlier_steps']})",
             str(r["episodes_cut"]), f"{r['episodes_finished_not_trained']} ({r['episodes_finished_thrown_away']})",
-            str(r["tail_episodes"]), str(r["episodes_truncated"]), str(r["turns_run"]), str(r["turns_trained"]),
+            str(r["tail_episodes"]), str(r["episodes_truncated"]), str(r["turns_run"]),
+            f"{r['turns_trained']} ({r['turns_trained_from_earlier_steps']})",
             str(r["turns_thrown_away"]), str(r["turns_in_buffer_at_end"]),
             f"{r['turns_trained'] / max(1, r['episodes_trained']):.1f}",
             str(r["prompt_hand_outs"]),

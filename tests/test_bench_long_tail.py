@@ -58,6 +58,8 @@ def test_long_tail_bench_runs_and_its_books_add_up(tmp_path):
     assert over["turns_thrown_away"] == over["turns_run"] - over["turns_trained"]
     assert over["episodes_finished_thrown_away"] == over["episodes_finished_not_trained"]
     assert sync["episodes_trained_from_earlier_steps"] == over["episodes_trained_from_earlier_steps"] == 0
+    assert sync["turns_trained_from_earlier_steps"] == over["turns_trained_from_earlier_steps"] == 0
+    assert 0 <= partial["turns_trained_from_earlier_steps"] <= partial["turns_trained"]
     # with --partial-rollout a sample trained in a later step finished earlier in a group sent back to the buffer
     kept = restart["episodes_finished_not_trained"] - restart["episodes_finished_thrown_away"]
     assert restart["episodes_trained_from_earlier_steps"] <= kept
