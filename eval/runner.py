@@ -81,7 +81,8 @@ async def run_episodes(pending: Sequence[tuple[str, Any, int]], *, engine: Any, 
             ep_seed = episode_seed(seed, domain, task.id, sample)
             started, t0 = get_now(), time.perf_counter()
             try:
-                environment = await off_loop(executor, build_environment, domain, cfg.fast_env)
+                environment = await off_loop(executor, lambda: build_environment(
+                    domain, cfg.fast_env, task=task, retrieval_variant=cfg.retrieval_variant))
                 traj = await run_episode(domain, task, engine, tokenizer, user_factory(task, environment),
                                          replace(sampling, seed=ep_seed), cfg, environment=environment,
                                          executor=executor)

@@ -1,9 +1,10 @@
 """A tau2-bench leaderboard submission from an evaluation: `<dir>/submission.json` and `<dir>/trajectories/`
 (the run's tau2 results files), the layout `tau2 submit validate <dir>` (tau2-bench 1.0.1) checks.
 
-- Results: pass_1..pass_4 per leaderboard domain (retail, airline, telecom), in percent, for
-  every k <= the samples per task, computed by tau2's own submission code from the run's results files (its
-  validator compares floats exactly) and checked against the evaluator's pass^k (1e-9).
+- Results: pass_1..pass_4 per leaderboard domain (retail, airline, telecom, banking_knowledge with its
+  `retrieval_config`), in percent, for every k <= the samples per task, computed by tau2's own submission code
+  from the run's results files (its validator compares floats exactly) and checked against the evaluator's pass^k
+  (1e-9).
 - "custom" with a methodology note when the model was trained on tau2 tasks (the cookbook's SFT/RFT/GRPO train
   on tau2's train split), as the leaderboard asks; the split, the user simulator and the judge are recorded.
 - Refused, with a one-line SubmissionError: results graded by pre-1.0 tau2 (26.3), runs with aborted episodes
@@ -23,7 +24,7 @@ from datetime import date
 from pathlib import Path
 from typing import Any
 
-LEADERBOARD_DOMAINS = ("retail", "airline", "telecom")  # and banking_knowledge, which the cookbook does not run yet
+LEADERBOARD_DOMAINS = ("retail", "airline", "telecom", "banking_knowledge")
 CUSTOM_NOTE = ("Trained on tau2-bench tasks with the tau2 staged RL cookbook (SFT on oracle demonstrations of the "
                "train split, rejection-sampling fine-tuning, GRPO with tau2's own rewards). Agent scaffold: tau2's "
                "agent system prompt and tool schemas, tools called through the model's chat template "
@@ -70,9 +71,9 @@ def build_submission(summary: Mapping[str, Any], domain_results: Mapping[str, Ma
     domains = [d for d in LEADERBOARD_DOMAINS if d in settings["domains"]]
     results: dict[str, Any] = {}
     for d in domains:
-        entry = {k: v for k, v in domain_results[d].items() if k.startswith("pass_")}
+        entry = {k: v for k, v in domain_results[d].items() if k.startswith("pass_") or k == "retrieval_config"}
         ours = summary["metrics"]["domains"][d]["metrics"]
-        for key, value in entry.items():
+        for key, value in ((k, v) for k, v in entry.items() if k.startswith("pass_")):
             mine = ours[f"pass^{key[5:]}"]["value"] * 100
             if not math.isclose(value, mine, rel_tol=0, abs_tol=1e-9):  # the same episodes, two implementations
                 raise SubmissionError(f"{d} {key}: tau2 computes {value} from the results file, the evaluator {mine}")

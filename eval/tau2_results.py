@@ -26,6 +26,7 @@ from tau2.data_model.tasks import Task
 from tau2.user.user_simulator import get_global_user_sim_guidelines
 
 from tau2_rl_pipeline.env import without_refused_calls
+from tau2_rl_pipeline.tau2_version import DEFAULT_RETRIEVAL_VARIANT, env_kwargs, retrieval_info
 
 AGENT_IMPLEMENTATION = "tau2_rl_pipeline.rollout"  # what tau2's Info.agent_info.implementation names
 _REASONS = {r.value for r in TerminationReason}
@@ -67,9 +68,12 @@ def project_commit() -> str:
 
 
 def results_info(domain: str, settings: Mapping[str, Any], num_trials: int) -> Info:
-    """tau2's Info block: who played agent and user with which settings, and the domain's environment."""
+    """tau2's Info block: who played agent and user with which settings, and the domain's environment (for
+    banking_knowledge, built with the run's retrieval variant, which Info records as tau2's runner does)."""
     from tau2.run import get_environment_info
 
+    variant = (settings.get("benchmark") or {}).get("retrieval_variant", DEFAULT_RETRIEVAL_VARIANT)
+    by_variant = env_kwargs(domain, None, variant)
     sampling = settings["sampling"]
     llm_user = settings["user"] == "llm"
     return Info(
@@ -80,7 +84,8 @@ def results_info(domain: str, settings: Mapping[str, Any], num_trials: int) -> I
                            global_simulation_guidelines=get_global_user_sim_guidelines() if llm_user else None),
         agent_info=AgentInfo(implementation=AGENT_IMPLEMENTATION, llm=settings["model"],
                              llm_args={k: sampling[k] for k in ("temperature", "top_p", "top_k", "max_new_tokens")}),
-        environment_info=get_environment_info(domain))
+        environment_info=get_environment_info(domain, **({"env_kwargs": by_variant} if by_variant else {})),
+        **retrieval_info(domain, variant))
 
 
 def results_json(results: Results, benchmark: Mapping[str, str]) -> str:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Regenerate requirements.lock: every dependency of the package and its local/test extras pinned to one exact
+# Regenerate requirements.lock: every dependency of the package and its local/test/knowledge extras pinned to one exact
 # version, with the sha256 of every file PyPI has for it, so `pip install --require-hashes -r requirements.lock`
 # (scripts/test.sh) installs exactly the files locked here or fails. Pins already in the lock are kept; pass
 # pip-compile flags to move them, e.g. `scripts/lock.sh --upgrade-package litellm` or `scripts/lock.sh --upgrade`.
@@ -31,7 +31,7 @@ if [[ -f "${TORCH_LOCK}" ]]; then grep -E '^torch==' "${TORCH_LOCK}" >> "${WORK}
 
 "${WORK}/venv/bin/pip-compile" --quiet --generate-hashes --allow-unsafe --strip-extras --no-header \
   --no-emit-index-url --no-emit-find-links \
-  --extra local --extra test --output-file "${WORK}/lock.txt" "$@" pyproject.toml
+  --extra local --extra test --extra knowledge --output-file "${WORK}/lock.txt" "$@" pyproject.toml
 
 # The contract tier's extra packages, resolved together with everything above (so the two locks agree) and
 # written apart: only the test command installs them, the demo does not need them.
@@ -39,7 +39,7 @@ cp "${WORK}/lock.txt" "${WORK}/all.txt"
 if [[ -f "${CONTRACT_LOCK}" ]]; then grep -vE '^#' "${CONTRACT_LOCK}" >> "${WORK}/all.txt"; fi
 "${WORK}/venv/bin/pip-compile" --quiet --generate-hashes --allow-unsafe --strip-extras --no-header \
   --no-emit-index-url --no-emit-find-links \
-  --extra local --extra test --extra contract --output-file "${WORK}/all.txt" "$@" pyproject.toml
+  --extra local --extra test --extra knowledge --extra contract --output-file "${WORK}/all.txt" "$@" pyproject.toml
 
 # Split torch (its line and the indented --hash and "# via" lines under it) out of the hashed lock.
 TORCH_PIN="$(grep -E '^torch==' "${WORK}/lock.txt" | sed -E 's/[[:space:]].*//')"

@@ -94,7 +94,12 @@ class Tau2Config:
         "prompt + response tokens per episode; longer ends the episode as truncated", min_value=16))
     fast_env: bool = field(default=True, metadata=_meta(
         "cheap tau2 environments (databases parsed once, copy-on-read records, cached hashes) for episodes and "
-        "their evaluation; rewards identical to tau2's native path (bench/env_cost.py); off = tau2's own"))
+        "their evaluation; rewards identical to tau2's native path (bench/env_cost.py); off = tau2's own; "
+        "banking_knowledge always runs tau2's own (no fast path for it)"))
+    retrieval_variant: str = field(default="bm25", metadata=_meta(
+        "tau2-bench 1.0.1 banking_knowledge's retrieval variant (tau2's --retrieval-config), for its episodes and "
+        "their evaluation: bm25 = offline BM25 (needs rank_bm25); tau2's own default alltools needs "
+        "OPENAI_API_KEY and a sandbox binary; a variant whose keys or binaries are missing is refused before a run"))
     episode_workers: int = field(default=64, metadata=_meta(
         "threads for blocking episode work (tau2 tools, litellm user-simulator calls, evaluation) shared by all "
         "episodes in flight in one process; 0 = on the event loop (the scripted user or the async user client: "

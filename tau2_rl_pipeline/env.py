@@ -41,9 +41,9 @@ from tau2.utils.utils import get_now
 
 from tau2_rl_pipeline import judge
 from tau2_rl_pipeline.actions import ParsedAction, parse_completion, split_reasoning
-from tau2_rl_pipeline.fast_env import fast_domain, fast_environment
+from tau2_rl_pipeline.fast_env import fast_domain, fast_environment, has_fast_path
 from tau2_rl_pipeline.prompting import agent_system_prompt, to_agent_chat, tool_schemas
-from tau2_rl_pipeline.tau2_version import BaseUser, needs_judge
+from tau2_rl_pipeline.tau2_version import DEFAULT_RETRIEVAL_VARIANT, BaseUser, env_kwargs, needs_judge
 
 log = logging.getLogger(__name__)
 
@@ -55,9 +55,14 @@ class UserSideError(RuntimeError):
     """The user simulator failed (its LLM server, its API key): an infrastructure failure, not the policy's."""
 
 
-def build_environment(domain: str, fast: bool = False) -> Environment:
-    """tau2's environment for `domain`; `fast`: one sharing the domain's once-parsed database (see fast_env)."""
-    return fast_environment(domain) if fast else registry.get_env_constructor(domain)()
+def build_environment(domain: str, fast: bool = False, *, task: Task | None = None,
+                      retrieval_variant: str = DEFAULT_RETRIEVAL_VARIANT) -> Environment:
+    """tau2's environment for `domain`; `fast`: one sharing the domain's once-parsed database (see fast_env), where
+    fast_env has a path for the domain. banking_knowledge (tau2 1.0.1) is built for `task` with its retrieval
+    variant, as tau2's runner builds it (tau2_version.env_kwargs)."""
+    if fast and has_fast_path(domain):
+        return fast_environment(domain)
+    return registry.get_env_constructor(domain)(**env_kwargs(domain, task, retrieval_variant))
 
 
 @dataclass
@@ -87,14 +92,19 @@ class Episode:
         max_errors: int = 10,
         environment: Environment | None = None,
         fast: bool = False,
+        retrieval_variant: str = DEFAULT_RETRIEVAL_VARIANT,
     ):
         self.domain = domain
-        self.fast = fast  # cheap environments for this episode and its evaluation (fast_env); same rewards
+        # cheap environments for this episode and its evaluation (fast_env; same rewards), where it has a path
+        self.fast = fast and has_fast_path(domain)
+        # what tau2 builds this task's environments with (banking_knowledge's retrieval variant), for its evaluator too
+        self.env_kwargs = env_kwargs(domain, task, retrieval_variant)
         self.task = task
         self.user = user
         self.max_steps = max_steps
         self.max_errors = max_errors
-        self.env = environment if environment is not None else build_environment(domain, fast)
+        self.env = environment if environment is not None else build_environment(
+            domain, self.fast, task=task, retrieval_variant=retrieval_variant)
         # tau2 rebuilds every tool's pydantic model on each get_tools() call (~50 ms in telecom): once per episode
         self._agent_tools = self.env.tools.get_tools() if self.env.tools else {}
         self._user_tools = self.env.user_tools.get_tools() if self.env.user_tools else {}
@@ -381,9 +391,10 @@ class Episode:
         domain = fast_domain(self.domain) if self.fast and not native else self.domain
         if needs_judge(self.task):
             judge.active()  # tau2's NL assertions go to our judge client, never to tau2's unguarded call
+        by_task = {"env_kwargs": self.env_kwargs} if self.env_kwargs else {}  # (26.3's evaluator has no such argument)
         try:
-            return evaluate_simulation(
-                self.simulation_run(termination_reason), self.task, EvaluationType.ALL, solo_mode=False, domain=domain)
+            return evaluate_simulation(self.simulation_run(termination_reason), self.task, EvaluationType.ALL,
+                                       solo_mode=False, domain=domain, **by_task)
         except judge.JudgeError:
             raise  # infrastructure: the caller aborts the episode, it is never scored
         except Exception as e:  # noqa: BLE001 - tau2's own checks raise on states they did not foresee
@@ -448,14 +459,17 @@ class Tau2GymEnv(gym.Env):
     """A tau2 episode gym-style: the action is the policy's completion text; the observation is the text of
     what the agent sees next; the reward is tau2's task reward, given when the episode ends.
 
-    `user_factory(task, environment) -> BaseUser` builds the user side per episode (see `users.py`).
+    `user_factory(task, environment) -> BaseUser` builds the user side per episode (see `users.py`);
+    `retrieval_variant`: banking_knowledge's (tau2 1.0.1), as TAU2_RETRIEVAL_VARIANT.
     """
 
     metadata = {"render_modes": []}
 
     def __init__(self, domain: str, tasks: Sequence[Task], user_factory: Callable[[Task, Environment], BaseUser],
-                 *, max_steps: int = 200, max_errors: int = 10, max_turns: int = 30, fast: bool = True):
+                 *, max_steps: int = 200, max_errors: int = 10, max_turns: int = 30, fast: bool = True,
+                 retrieval_variant: str = DEFAULT_RETRIEVAL_VARIANT):
         self.domain = domain
+        self.retrieval_variant = retrieval_variant
         self.tasks = list(tasks)
         self.user_factory = user_factory
         self.max_steps, self.max_errors, self.max_turns = max_steps, max_errors, max_turns
@@ -474,9 +488,10 @@ class Tau2GymEnv(gym.Env):
                 raise ValueError(f"unknown task id {options['task_id']!r} for {self.domain}")
         else:
             task = self.tasks[int(self.np_random.integers(len(self.tasks)))]
-        environment = build_environment(self.domain, self.fast)
+        environment = build_environment(self.domain, self.fast, task=task, retrieval_variant=self.retrieval_variant)
         self.episode = Episode(self.domain, task, self.user_factory(task, environment),
                                max_steps=self.max_steps, max_errors=self.max_errors, environment=environment,
+                               retrieval_variant=self.retrieval_variant,
                                fast=self.fast)
         self._turns = 0
         view = self.episode.start()

@@ -47,6 +47,7 @@ from tau2.registry import registry
 from tau2.utils import get_dict_hash
 
 from tau2_rl_pipeline.tasks import check_domain
+from tau2_rl_pipeline.tau2_version import RETRIEVAL_DOMAINS
 
 FAST_SUFFIX = ":fast"  # tau2 registry name of a domain's cheap environments, e.g. "airline:fast"
 
@@ -280,9 +281,19 @@ def _speed_up(toolkit: ToolKitBase | None, shared: _SharedDB | None) -> None:
 
 
 # -- public -----------------------------------------------------------------------------------------------------
+def has_fast_path(domain: str) -> bool:
+    """Whether fast_env serves `domain`. Not tau2 1.0.1's banking_knowledge: its environment is built per task (a
+    retrieval index, a per-task policy and read-log allowlist) around one database that its agent and user tools
+    share, and fast_env's copy-on-read tables and hash have not been made and shown reward-identical for it: its
+    episodes and their evaluation run on tau2's own environments whatever TAU2_FAST_ENV says."""
+    return domain not in RETRIEVAL_DOMAINS
+
+
 def fast_environment(domain: str, solo_mode: bool = False) -> Environment:
     """A fresh tau2 environment for `domain`, built by tau2's own constructor from the shared parsed databases."""
     check_domain(domain)
+    if not has_fast_path(domain):
+        raise ValueError(f"fast_env has no path for {domain}: build it with tau2_rl_pipeline.env.build_environment")
     with _lock:
         agent_db, user_db = _shared_dbs(domain)
     kwargs = {"db": agent_db.fresh()}

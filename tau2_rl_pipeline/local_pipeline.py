@@ -43,7 +43,8 @@ from tau2_rl_pipeline.rft import select_rft
 from tau2_rl_pipeline.sft_data import oracle_demonstrations
 from tau2_rl_pipeline.stage_book import SKIP, StageBook, StaleOutputError
 from tau2_rl_pipeline.tasks import DOMAINS, TaskLookupError, check_split, load_tasks
-from tau2_rl_pipeline.tau2_version import BenchmarkMismatch, benchmark_id, check_same_benchmark
+from tau2_rl_pipeline.tau2_version import (BenchmarkMismatch, RetrievalVariantError, benchmark_id,
+                                           check_retrieval_variant, check_same_benchmark)
 from tau2_rl_pipeline.trainer import LocalTrainer, TrainConfig, sft_example_from_chat
 
 DEMO_MAX_TURNS = 8  # unless --max-turns or TAU2_MAX_TURNS say otherwise: mock tasks take 2-3 policy turns
@@ -322,7 +323,8 @@ def main(argv: list[str] | None = None) -> int:
         cfg = config_from_args(args)
         check_split(args.domain, split)
         check_split(args.domain, eval_split)
-    except (ConfigError, TaskLookupError) as e:
+        check_retrieval_variant([args.domain], cfg.retrieval_variant)
+    except (ConfigError, TaskLookupError, RetrievalVariantError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if args.model and not (Path(args.model) / "config.json").is_file():
@@ -330,7 +332,8 @@ def main(argv: list[str] | None = None) -> int:
               "--model out to build the tiny demo model", file=sys.stderr)
         return 2
     report_path = args.out / "report.json"
-    benchmark = benchmark_id({args.domain: [*load_tasks(args.domain, split), *load_tasks(args.domain, eval_split)]})
+    benchmark = benchmark_id({args.domain: [*load_tasks(args.domain, split), *load_tasks(args.domain, eval_split)]},
+                             cfg.retrieval_variant)
     try:  # outputs graded by the other tau2 (or on another task set) are never resumed or compared
         if report_path.exists():
             check_same_benchmark(json.loads(report_path.read_text()).get("benchmark"), benchmark, str(report_path))

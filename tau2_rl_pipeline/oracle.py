@@ -30,7 +30,7 @@ def final_message(task: Task) -> str:
 
 def last_write_index(domain: str, task: Task) -> int | None:
     """Index of the last state-changing gold action, or None when the task has none."""
-    env = build_environment(domain)
+    env = build_environment(domain, task=task)
     last = None
     for i, action in enumerate(gold_actions(task)):
         toolkit = env.user_tools if action.requestor == "user" else env.tools

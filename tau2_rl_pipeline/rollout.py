@@ -216,7 +216,8 @@ async def run_episode(
     if live is None:
         episode = await blocking("env_s", lambda: Episode(domain, task, user, max_steps=cfg.max_steps,
                                                            max_errors=cfg.max_errors, environment=environment,
-                                                           fast=cfg.fast_env))
+                                                           fast=cfg.fast_env,
+                                                           retrieval_variant=cfg.retrieval_variant))
         if sampling.seed is not None and user is not None:
             user.set_seed(sampling.seed)  # as tau2's orchestrator seeds its user with the simulation's seed
         live = LiveEpisode(episode, {"role": "system", "content": episode.system_prompt}, TokenBuffer(prompt_ids=[]),

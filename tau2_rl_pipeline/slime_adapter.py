@@ -243,7 +243,7 @@ async def generate(args, sample, sampling_params: dict[str, Any], evaluation: bo
     resumes = resumes_episodes(args, cfg, evaluation)
     live = live_episodes(args).take(sample, (domain, task_id)) if resumes else None
     if live is None:
-        environment = build_environment(domain, cfg.fast_env)
+        environment = build_environment(domain, cfg.fast_env, task=task, retrieval_variant=cfg.retrieval_variant)
         user = _user_factory(cfg)(task, environment)
     else:
         environment, user = None, None

@@ -2,19 +2,23 @@
 
 tau2's `UserSimulator` calls litellm, synchronously: 5-7 ms of client CPU per call (the OpenAI SDK's request
 transform, litellm's cost and logging machinery; bench/profiles/user_turn_litellm.txt) on a worker thread that
-contends with the event loop for the GIL. `AsyncUserSimulator` is the same simulator (tau2's class: its system
-prompt from the guidelines and the task's scenario, its state, its role flip, its stop test) whose model call is
-one aiohttp request through `http_post.RetryingPost`, awaited on the event loop.
+contends with the event loop for the GIL. `AsyncUserSimulator` is the same simulator (the installed tau2's class:
+its system prompt from the guidelines and the task's scenario, its state, its role flip, its stop test) whose model
+call is one aiohttp request through `http_post.RetryingPost`, awaited on the event loop. It follows whichever tau2
+is installed, 26.3 or 1.0.1: where their user turns differ (what the state records of the message answered, the
+request's validation, the re-ask of an empty answer, `raw_data`), tau2_version.py says how.
 
 What it sends is what litellm sends for tau2's `generate(...)`, byte for byte: tau2's own message conversion
 (`to_litellm_messages`) with None fields left out as litellm leaves them out, the model name after `openai/`,
-seed, temperature, the user's tools with tool_choice "auto" (telecom), then `extra_body`; compact JSON, UTF-8
-unescaped (tests/test_user_client.py records both clients over whole episodes and compares the bodies). What it
-reads is what tau2 reads: the first choice's content and tool calls (arguments parsed from JSON), the requestor
-of each call flipped to "user", an empty answer asked again up to `num_retries` times. Differences, on purpose:
-a malformed answer (bad JSON, tool-call arguments that do not parse) is retried with backoff like a transport
-failure, where tau2 raises at once; `cost` is 0.0 (a local server; litellm prices an unknown model at 0.0 too);
-`raw_data` is the choice as received, not litellm's object dump.
+seed, temperature, the user's tools with tool_choice "auto" (telecom; 1.0.1's mock too), then `extra_body`;
+compact JSON, UTF-8 unescaped (tests/test_user_client.py records both clients over whole episodes and compares
+the bodies, on both tau2s). What it reads is what tau2 reads: the first choice's content and tool calls
+(arguments parsed from JSON), the requestor of each call flipped to "user"; on 26.3 an empty answer is asked again
+up to `num_retries` times.
+Differences, on purpose: a malformed answer (bad JSON, tool-call arguments that do not parse) is retried with
+backoff like a transport failure, where tau2 raises at once; `cost` is 0.0 (a local server; litellm prices an
+unknown model at 0.0 too); `raw_data` is the answer as received (the first choice on 26.3, the whole response on
+1.0.1), not litellm's object dump.
 """
 
 from __future__ import annotations
@@ -24,12 +28,13 @@ import logging
 import os
 from typing import Any
 
-from tau2.data_model.message import Message, MultiToolMessage, ToolCall, UserMessage
+from tau2.data_model.message import Message, ToolCall, UserMessage
 from tau2.user.user_simulator import UserSimulator
 from tau2.utils.llm_utils import to_litellm_messages
 
 from tau2_rl_pipeline.http_post import RequestFailed, RetryingPost
-from tau2_rl_pipeline.tau2_version import UserState, ValidUserInputMessage
+from tau2_rl_pipeline.tau2_version import (USER_ASKS_AGAIN_WHEN_EMPTY, USER_RAW_DATA_IS_RESPONSE, UserState,
+                                          ValidUserInputMessage, check_user_request, record_user_input)
 
 logger = logging.getLogger(__name__)
 OPENAI_PREFIX = "openai/"
@@ -95,7 +100,7 @@ def parse_chat_response(content: bytes) -> tuple[dict, UserMessage]:
     usage = ({"completion_tokens": usage.get("completion_tokens"), "prompt_tokens": usage.get("prompt_tokens")}
              if isinstance(usage, dict) else None)
     return choice, UserMessage(role="user", content=text, tool_calls=calls or None, cost=0.0, usage=usage,
-                               raw_data=choice)
+                               raw_data=body if USER_RAW_DATA_IS_RESPONSE else choice)
 
 
 def chat_client(api_base: str, *, timeout_s: float, max_retries: int, max_in_flight: int) -> RetryingPost:
@@ -124,21 +129,20 @@ class AsyncUserSimulator(UserSimulator):
 
     async def agenerate_next_message(self, message: ValidUserInputMessage,
                                      state: UserState) -> tuple[UserMessage, UserState]:
-        """tau2's `UserSimulator._generate_next_message`, with its model call on the event loop."""
-        if isinstance(message, MultiToolMessage):
-            state.messages.extend(message.tool_messages)
-        else:
-            state.messages.append(message)
+        """tau2's `UserSimulator._generate_next_message` (the installed tau2's), its model call on the event loop."""
+        record_user_input(message, state)
         reply = await self.acall(state.system_messages + state.flip_roles(), self.tool_schemas)
         state.messages.append(reply)
         return reply, state
 
     async def acall(self, messages: list[Message], tool_schemas: list[dict] | None) -> UserMessage:
-        """One model call, awaited: what tau2's `generate(self.llm, messages, tools, **self.llm_args)` sends and
-        reads (also the extra calls of the user strategies, user_strategies.py)."""
+        """One model call, awaited: what the installed tau2's `generate(self.llm, messages, tools,
+        **self.llm_args)` checks, sends and reads, as the user's message (also the extra calls of the user
+        strategies, user_strategies.py)."""
+        check_user_request(messages)
         body = user_request_body(self.llm, messages, tool_schemas, self.llm_args)
-        retries = self.llm_args.get("num_retries", 0)
-        for attempt in range(retries + 1):
+        asks = self.llm_args.get("num_retries", 0) if USER_ASKS_AGAIN_WHEN_EMPTY else 0
+        for attempt in range(asks + 1):
             try:
                 _, reply = await self.client.post(body, parse_chat_response)
             except RequestFailed as e:
@@ -146,6 +150,6 @@ class AsyncUserSimulator(UserSimulator):
                 raise UserClientError(f"{self.client.url} {what}: {e.detail}") from None
             if (reply.content or "").strip() or reply.tool_calls:
                 break
-            if attempt < retries:  # tau2 asks again when the answer has neither text nor tool calls
-                logger.warning("empty answer from the user simulator, asking again (%d/%d)", attempt + 1, retries)
+            if attempt < asks:  # tau2 26.3 asks again when the answer has neither text nor tool calls
+                logger.warning("empty answer from the user simulator, asking again (%d/%d)", attempt + 1, asks)
         return reply

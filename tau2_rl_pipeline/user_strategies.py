@@ -136,10 +136,12 @@ class StrategyUser(UserSimulator):
         self.calls += 1
         return generate(model=self.llm, messages=messages, **self.llm_args)
 
-    def _generate_next_message(self, message: ValidUserInputMessage,
-                               state: UserState) -> tuple[UserMessage, UserState]:
+    def generate_next_message(self, message: ValidUserInputMessage,
+                              state: UserState) -> tuple[UserMessage, UserState]:
+        # the public method: in every tau2 version it returns (message, state) with the message appended to the
+        # state (26.3's _generate_next_message does both, 1.0.1's returns the message alone)
         self.calls += 1  # tau2's own generate call, made by the parent class
-        reply, state = super()._generate_next_message(message, state)
+        reply, state = super().generate_next_message(message, state)
         run_blocking(self._refine(state, reply), self._call)
         return reply, state
 

@@ -25,7 +25,7 @@ from tau2.user.user_simulator import UserSimulator
 
 from tau2_rl_pipeline.config import Tau2Config
 from tau2_rl_pipeline.user_client import OPENAI_PREFIX, AsyncUserSimulator, chat_client
-from tau2_rl_pipeline.tau2_version import STOP, V1, BaseUser, UserState
+from tau2_rl_pipeline.tau2_version import STOP, BaseUser, UserState
 from tau2_rl_pipeline.user_strategies import AsyncStrategyUser, StrategyUser
 
 USER_KINDS = ("llm", "scripted")
@@ -123,14 +123,11 @@ def llm_user_args(cfg: Tau2Config) -> dict:
 
 def user_client_kind(cfg: Tau2Config) -> str:
     """"async" or "litellm": TAU2_USER_CLIENT, with auto = async for a local OpenAI-compatible server (an API base
-    and an openai/ model), litellm otherwise. The async client reimplements tau2 26.3's user turn; on tau2-bench
-    1.x auto keeps tau2's own (litellm) path, and asking for async there is refused in one line."""
-    if V1 and cfg.user_client == "async":
-        raise UserConfigError("TAU2_USER_CLIENT=async is verified against tau2 26.3's user simulator only; with "
-                              "tau2-bench 1.0.1 use TAU2_USER_CLIENT=litellm (or auto)")
+    and an openai/ model), litellm otherwise; the same on tau2 26.3 and 1.0.1 (the async client follows the
+    installed tau2's user turn)."""
     if cfg.user_client != "auto":
         return cfg.user_client
-    return "async" if not V1 and cfg.user_api_base and cfg.user_model.startswith(OPENAI_PREFIX) else "litellm"
+    return "async" if cfg.user_api_base and cfg.user_model.startswith(OPENAI_PREFIX) else "litellm"
 
 
 def check_llm_user(cfg: Tau2Config) -> None:

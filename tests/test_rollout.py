@@ -226,7 +226,7 @@ def test_fast_env_setting_picks_the_environments_and_keeps_the_reward(qwen3_toke
 
     built = []
     real = env_module.build_environment
-    monkeypatch.setattr(env_module, "build_environment", lambda d, f=False: built.append(f) or real(d, f))
+    monkeypatch.setattr(env_module, "build_environment", lambda d, f=False, **kw: built.append(f) or real(d, f, **kw))
     task = get_task("mock", "create_task_1")
     (action,) = gold_actions(task)
     engine = ChosenTextEngine(qwen3_tokenizer, [render_assistant_text("", [(action.name, action.arguments)]),

@@ -74,10 +74,11 @@ def litellm_problems(lock_text: str, constraint: str, installed: str | None) -> 
 
 
 def declared_requirements(*extra_names: str) -> list[Requirement]:
-    """The package's dependencies and its local and test extras (and any named extras), from pyproject.toml."""
+    """The package's dependencies and its local, test and knowledge extras (and any named extras), from
+    pyproject.toml."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     extras = project["optional-dependencies"]
-    names = ("local", "test", *extra_names)
+    names = ("local", "test", "knowledge", *extra_names)
     return [Requirement(r) for r in [*project["dependencies"], *(r for n in names for r in extras[n])]]
 
 

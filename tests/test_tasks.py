@@ -29,8 +29,11 @@ def test_telecom_small_and_full_and_mock_base():
     assert len(load_tasks("telecom", "small")) == 20
     assert len(load_tasks("telecom", "full")) == 2285
     assert len(load_tasks("mock", "base")) == (10 if V1 else 9)  # 1.0.1 added a mock task
-    if V1:  # 1.0.1's fourth domain is refused in one line, saying why
-        with pytest.raises(TaskLookupError, match="^tau2 1.0.1's banking_knowledge is not supported yet: ") as e:
+    if V1:  # 1.0.1's fourth domain: one set, no split file (tests/test_banking.py runs it)
+        assert len(load_tasks("banking_knowledge", "base")) == 97
+    else:  # 26.3 has no such domain: refused in one line, saying where it is
+        with pytest.raises(TaskLookupError, match="^banking_knowledge is a tau2-bench 1.0.1 domain; the installed "
+                                                  "tau2 26.3 has none: ") as e:
             load_tasks("banking_knowledge", "base")
         assert "\n" not in str(e.value)
     task = load_tasks("airline", "test")[3]

@@ -1,14 +1,16 @@
-"""The suite's episode, oracle, fast_env-parity, evaluator, SFT-data, judge and leaderboard tests, again on tau2-bench
-1.0.1 (`../shared/third_party/tau2-bench-1.0.1`, run from its `src/` with TAU2_DATA_DIR, as its README says).
+"""The suite's episode, oracle, fast_env-parity, evaluator, SFT-data, judge, leaderboard, banking_knowledge and
+user-client tests (with the async user client's fault tests and the user strategies), again on tau2-bench 1.0.1
+(`../shared/third_party/tau2-bench-1.0.1`, run from its `src/` with TAU2_DATA_DIR, as its README says).
 
 Both tau2s import as `tau2`, so 1.0.1 runs in its own pytest process (one, so the session's tiny models and
-loopback judge are built once). To stay within the suite's time it runs a
-representative subset: TASKS_PER_DOMAIN test tasks per domain for the per-task reward checks (judged retail tasks
-first, tests/task_sample.py) and the tests below named in SELECT. The full 1.0.1 sweep is:
+loopback judge are built once). To stay within the suite's time it runs a representative subset: TASKS_PER_DOMAIN
+test tasks per domain for the per-task reward checks (judged retail tasks first, tests/task_sample.py) and the
+tests below named in SELECT. The full 1.0.1 sweep is:
 
     PYTHONPATH=../shared/third_party/tau2-bench-1.0.1/src TAU2_DATA_DIR=../shared/third_party/tau2-bench-1.0.1/data \
         python -m pytest tests/test_tasks.py tests/test_episode.py tests/test_oracle.py tests/test_fast_env.py \
-        tests/test_sft_data.py tests/test_eval_passk.py tests/test_judge.py tests/test_leaderboard.py
+        tests/test_sft_data.py tests/test_eval_passk.py tests/test_judge.py tests/test_leaderboard.py \
+        tests/test_user_client.py tests/test_faults.py tests/test_user_strategies.py tests/test_banking.py
 """
 
 from __future__ import annotations
@@ -32,6 +34,11 @@ SELECT = {
     "tests/test_fast_env.py": None,  # oracle and perturbed replays over the task subset, plus mock's 10 tasks
     "tests/test_judge.py": None,
     "tests/test_leaderboard.py": None,
+    "tests/test_banking.py": None,  # banking_knowledge (1.0.1 only): oracle/perturbed parity, eval, submission
+    "tests/test_user_client.py": None,  # both user clients' requests and episodes in every domain, <think> privacy
+    # the async user client through the user server's faults (tau2's litellm path is the same code on both tau2s)
+    "tests/test_faults.py": "async and (faults_end_each_episode or never_answers)",
+    "tests/test_user_strategies.py": None,  # each strategy over both user clients
     "tests/test_sft_data.py": "mock_demonstrations or oracle_demo or play_turns",
     "tests/test_eval_passk.py": "mock_run_writes or results_file_loads or tau2_metrics_and_rescoring or refused",
 }

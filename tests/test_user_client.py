@@ -4,7 +4,8 @@ for byte, and reads the answers as tau2 does; and a policy's reasoning stays pri
 Each domain's episode is driven twice with the same policy completions and the same canned user replies (a
 loopback server scripted with token ids; telecom's user calls a device tool): once through tau2's own
 `UserSimulator` (litellm, blocking) and once through `AsyncUserSimulator` (awaited on a loop), each against a fresh
-server that records every request body. The bodies, the tau2 messages and tau2's rewards must be equal.
+server that records every request body. The bodies, the tau2 messages and tau2's rewards must be equal. The whole
+file runs again on tau2-bench 1.0.1 (tests/test_tau2_v1.py), whose user turn differs in places (tau2_version.py).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from tau2_rl_pipeline.env import Episode, build_environment
 from tau2_rl_pipeline.loopback_server import LoopbackServer
 from tau2_rl_pipeline.rollout import COMPLETED, run_episode
 from tau2_rl_pipeline.tasks import load_tasks
+from tau2_rl_pipeline.tau2_version import USER_ASKS_AGAIN_WHEN_EMPTY, V1
 from tau2_rl_pipeline.user_client import AsyncUserSimulator, user_request_payload
 from tau2_rl_pipeline.users import UserConfigError, make_user_factory, user_client_kind
 
@@ -31,6 +33,7 @@ from tau2_rl_pipeline.users import UserConfigError, make_user_factory, user_clie
 DOMAINS = {"mock": ("base", "get_users", {}), "airline": ("test", "list_all_airports", {}),
            "retail": ("test", "list_all_product_types", {}),
            "telecom": ("test", "get_customer_by_phone", {"phone_number": "555-123-2002"})}
+USER_CLIENTS = ("litellm", "async")  # tau2's UserSimulator over litellm; user_client.py's AsyncUserSimulator
 SECRET = "my private plan"  # written only inside the policy's reasoning
 SEED = 11
 
@@ -92,7 +95,7 @@ def drive(domain: str, server: LoopbackServer, client: str, seed: int | None = S
 @functools.cache
 def _pair(domain: str, engine: Any, seed: int | None = SEED) -> dict[str, tuple[Episode, list[bytes]]]:
     out = {}
-    for client in ("litellm", "async"):
+    for client in USER_CLIENTS:
         with LoopbackServer(engine) as server:
             episode = drive(domain, server, client, seed)
             out[client] = (episode, list(server.raw_bodies))
@@ -118,11 +121,15 @@ def test_the_async_client_sends_tau2s_requests_byte_for_byte(pair, domain: str) 
     first = json.loads(async_bodies[0])
     assert first["seed"] == SEED and first["temperature"] == 0.0
     assert first["messages"][0]["role"] == "system" and "<scenario>" in first["messages"][0]["content"]
-    if domain == "telecom":  # the user's device tools go with every request
-        assert first["tool_choice"] == "auto" and "check_status_bar" in {t["function"]["name"] for t in first["tools"]}
-        assert json.loads(async_bodies[2])["messages"][-1]["role"] == "tool"  # the device's answer, role-flipped
+    environment = build_environment(domain, fast=True)  # the user's tools: telecom's device; 1.0.1's mock has some
+    user_tools = {t.name for t in environment.get_user_tools()} if environment.user_tools is not None else set()
+    if user_tools:  # they go with every request
+        assert first["tool_choice"] == "auto" and {t["function"]["name"] for t in first["tools"]} == user_tools
     else:
         assert "tools" not in first
+    if domain == "telecom":
+        assert "check_status_bar" in user_tools
+        assert json.loads(async_bodies[2])["messages"][-1]["role"] == "tool"  # the device's answer, role-flipped
 
 
 def test_the_requests_are_the_same_without_a_seed(tiny_engine: Any) -> None:
@@ -240,24 +247,70 @@ def test_user_requests_in_flight_are_bounded(tiny_engine: Any, bound: int) -> No
     assert server.count("/v1/chat/completions") == 6 and server.max_concurrent == bound
 
 
-def test_an_empty_answer_is_asked_again_as_tau2_does(tiny_engine: Any) -> None:
+def answers_through(client: str, tiny_engine: Any, replies: list[str],
+                    turns: list[AssistantMessage]) -> tuple[list[tuple], list[bytes]]:
+    """The user's answer to each agent turn through `client` (its text, or tau2's refusal: type and first words),
+    and the request bodies the server received, given the canned `replies` ("" = an empty answer)."""
     with LoopbackServer(tiny_engine) as server:
         tokenizer = server.tokenizer
-        server.script([tokenizer.eos_token_id], tokenizer.encode("Hello." + tokenizer.eos_token,
-                                                                 add_special_tokens=False))
-        factory = make_user_factory("llm", llm_config(server, "async"))
+        server.script(*[tokenizer.encode(r + tokenizer.eos_token, add_special_tokens=False) for r in replies])
+        factory = make_user_factory("llm", llm_config(server, client))
         user = factory(first_task("mock"), build_environment("mock"))
+        state, outcomes = user.get_init_state(), []
 
-        async def go():
-            greeting = AssistantMessage(role="assistant", content="Hi! How can I help you today?")
-            reply = await user.agenerate_next_message(greeting, user.get_init_state())
+        async def answer(turn: AssistantMessage) -> Any:
+            if client == "async":
+                return await user.agenerate_next_message(turn, state)
+            return user.generate_next_message(turn, state)
+
+        async def go() -> None:
+            for turn in turns:
+                try:
+                    reply, _ = await answer(turn)
+                    outcomes.append(("reply", reply.content))
+                except (AssertionError, ValueError) as e:  # tau2 1.0.1's refusals; the episode ends aborted
+                    outcomes.append(("error", type(e).__name__, str(e)[:40]))
             await factory.aclose()
-            return reply
 
-        reply, state = asyncio.run(go())
-        bodies = list(server.raw_bodies)
-    assert reply.content == "Hello." and bodies[0] == bodies[1]  # the same request, sent again
-    assert state.messages[-1] is reply
+        asyncio.run(go())
+        return outcomes, list(server.raw_bodies)
+
+
+def test_an_empty_answer_is_handled_as_the_installed_tau2_does(tiny_engine: Any) -> None:
+    """26.3 asks again (the same request) and goes on; 1.0.1 returns the empty answer, then refuses the next
+    request (tau2's own history validation, before anything is sent). The async client does what litellm does."""
+    turns = [AssistantMessage(role="assistant", content="Hi! How can I help you today?"),
+             AssistantMessage(role="assistant", content="Anything else?")]
+    runs = {client: answers_through(client, tiny_engine, ["", "Hello.", "Bye."], turns) for client in USER_CLIENTS}
+    assert runs["async"] == runs["litellm"]
+    outcomes, bodies = runs["async"]
+    if USER_ASKS_AGAIN_WHEN_EMPTY:  # 26.3
+        assert outcomes == [("reply", "Hello."), ("reply", "Bye.")] and len(bodies) == 3 and bodies[0] == bodies[1]
+    else:  # 1.0.1
+        assert outcomes[0] == ("reply", "") and outcomes[1][:2] == ("error", "AssertionError") and len(bodies) == 1
+
+
+@pytest.mark.skipif(not V1, reason="tau2 1.0.1 only: 26.3's messages carry no audio")
+def test_an_audio_agent_turn_is_refused_as_tau2_1_0_1_refuses_it(tiny_engine: Any) -> None:
+    turns = [AssistantMessage(role="assistant", content=None, is_audio=True, audio_content="AAAA")]
+    runs = {client: answers_through(client, tiny_engine, ["Hello."], turns) for client in USER_CLIENTS}
+    assert runs["async"] == runs["litellm"]
+    outcomes, bodies = runs["async"]
+    assert outcomes == [("error", "ValueError", "Assistant message cannot be audio. Use V")] and bodies == []
+
+
+def test_an_empty_agent_turn_reaches_the_user_as_the_installed_tau2_records_it(tiny_engine: Any) -> None:
+    """26.3 records every message the user answers; 1.0.1 leaves out one with neither text nor tool calls."""
+    turns = [AssistantMessage(role="assistant", content="Hi! How can I help you today?"),
+             AssistantMessage(role="assistant", content="")]
+    runs = {client: answers_through(client, tiny_engine, ["Hello.", "Bye."], turns) for client in USER_CLIENTS}
+    assert runs["async"] == runs["litellm"]
+    outcomes, bodies = runs["async"]
+    assert outcomes == [("reply", "Hello."), ("reply", "Bye.")]
+    sent = json.loads(bodies[1])["messages"][1:]
+    assert sent[:2] == [{"role": "user", "content": "Hi! How can I help you today?"},
+                        {"role": "assistant", "content": "Hello."}]
+    assert sent[2:] == ([] if V1 else [{"role": "user", "content": ""}])
 
 
 def test_the_payload_follows_the_users_llm_args() -> None:
@@ -288,15 +341,3 @@ def test_a_blocking_caller_of_the_async_user_gets_tau2s_own_path(tiny_engine: An
         bodies = list(server.raw_bodies)
     assert isinstance(user, AsyncUserSimulator) and blocking.content == awaited.content == "Hello."
     assert bodies[0] == bodies[1]
-
-
-def test_on_tau2_1_0_1_auto_keeps_tau2s_own_user_path_and_async_is_refused(monkeypatch):
-    from tau2_rl_pipeline import users
-    from tau2_rl_pipeline.config import Tau2Config
-
-    served = {"TAU2_USER_MODEL": "openai/tiny", "TAU2_USER_API_BASE": "http://127.0.0.1:1/v1"}
-    assert users.user_client_kind(Tau2Config.from_env(served)) == "async"
-    monkeypatch.setattr(users, "V1", True)
-    assert users.user_client_kind(Tau2Config.from_env(served)) == "litellm"
-    with pytest.raises(users.UserConfigError, match="TAU2_USER_CLIENT=litellm"):
-        users.user_client_kind(Tau2Config.from_env({**served, "TAU2_USER_CLIENT": "async"}))
