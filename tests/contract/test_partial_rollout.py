@@ -56,21 +56,18 @@ def _first_prompt_requests(loopback, sample) -> int:
     return sum(1 for path, body in loopback.requests if path == "/generate" and body["input_ids"] == prompt)
 
 
-@pytest.mark.parametrize("resume", [True, False])
-def test_an_episode_cut_by_the_abort_goes_on_where_it_was_cut(slime_env, monkeypatch, loopback, tiny_small_dir,
-                                                             small_tokenizer, tmp_path, resume):
-    """Rollout 0: SHORT fills the batch, slime aborts LONG after its first turns and puts it back in its buffer.
-    Rollout 1 (new weights): slime hands LONG back first; it finishes from where it was cut (TAU2_PARTIAL_RESUME=0:
-    it starts again)."""
+def _cut_long(monkeypatch, loopback, model_dir, tokenizer, tmp_path, resume: bool):
+    """Rollout 0 (weights v0): SHORT fills the batch, slime aborts LONG after its first turns and puts its group
+    back in its buffer. Returns slime's args, the data source, the cut samples and what they held then."""
     from slime.utils.types import Sample
 
     monkeypatch.setenv("TAU2_MAX_TURNS", "8")
     monkeypatch.setenv("TAU2_PARTIAL_RESUME", str(int(resume)))
     loopback.latency_s = 0.25
-    loopback.responder = script = TwoLengths(small_tokenizer)
+    loopback.responder = script = TwoLengths(tokenizer)
     loopback.weight_version = "v0"
     rows = _rows(tmp_path, [LONG, SHORT, "impossible_task_1"])  # rollout 1's new group: another short task
-    args = slime_args(tiny_small_dir, rows, loopback.base_url.removeprefix("http://"), batch=1, n=2,
+    args = slime_args(model_dir, rows, loopback.base_url.removeprefix("http://"), batch=1, n=2,
                       extra=("--over-sampling-batch-size", "2", *PARTIAL))
     output, source = rollout(args, 0)
     assert flat(output.samples)[0].metadata["task_id"] == SHORT
@@ -80,45 +77,59 @@ def test_an_episode_cut_by_the_abort_goes_on_where_it_was_cut(slime_env, monkeyp
                for s in cut_group)
     assert all(s.weight_versions for s in cut_group)  # each had sampled a turn before the cut
     before = {sample_key(s): _snapshot(s) for s in cut_group}
-    registry = live_episodes(args)
-    assert registry.keys() == (set(before) if resume else set())
-
+    assert live_episodes(args).keys() == (set(before) if resume else set())
     loopback.weight_version = "v1"  # slime updated the weights between the rollouts
-    trained = []
-    for rollout_id in (1, 2, 3):  # LONG, handed back first, has the fewest turns left: it fills rollout 1
-        output, _ = rollout(args, rollout_id, source)
-        trained += [s for s in flat(output.samples) if s.metadata["task_id"] == LONG]
-        if trained:
+    return args, source, cut_group, before, script
+
+
+def test_an_episode_cut_by_the_abort_goes_on_where_it_was_cut(slime_env, monkeypatch, loopback, tiny_small_dir,
+                                                             small_tokenizer, tmp_path):
+    """Rollout 1 (new weights): slime hands LONG back first; it goes on from where it was cut and, with the fewest
+    turns left, fills the batch."""
+    from slime.utils.types import Sample
+
+    args, source, cut_group, before, script = _cut_long(monkeypatch, loopback, tiny_small_dir, small_tokenizer,
+                                                        tmp_path, resume=True)
+    for rollout_id in (1, 2, 3):  # (a loaded machine may cut it once more: it goes on again)
+        rollout(args, rollout_id, source)
+        if all(s.status == Sample.Status.COMPLETED for s in cut_group):
             break
-    assert [sample_key(s) for s in trained] == list(before)
-    for sample in trained:
+    for sample in cut_group:
         old = before[sample_key(sample)]
         n = old["response_length"]
-        assert sample.status == Sample.Status.COMPLETED and sample.remove_sample is False
+        assert sample.status == Sample.Status.COMPLETED and sample.remove_sample is False  # was True: untrained
         assert sample.metadata["raw_reward"] == 1.0  # the first turn's create_task, run before the cut, counted
         assert sample.metadata["termination_reason"] == "user_stop" and sample.metadata["turns"] == 3
+        assert sample.metadata["resumes"] >= 1 and sample.metadata["start_rollout_id"] == 0
         assert small_tokenizer.decode(sample.tokens).count("this is about create_task_1") == 1
+        assert sample.tokens[:len(old["tokens"])] == old["tokens"]  # the turns before the cut, unchanged
+        assert sample.rollout_log_probs[:n] == old["logprobs"]
+        assert sample.weight_versions[:len(old["versions"])] == old["versions"] == ["v0"] * len(old["versions"])
+        assert set(sample.weight_versions[len(old["versions"]):]) == {"v1"}
+        # --mask-offpolicy-in-partial-rollout: only what the new weights sampled is trained ("Done." turns)
         policy = [t for t, m in zip(sample.tokens[-sample.response_length:], sample.loss_mask) if m]
-        if resume:
-            assert sample.metadata["resumes"] == 1 and sample.metadata["start_rollout_id"] == 0
-            assert sample.tokens[:len(old["tokens"])] == old["tokens"]  # the turns before the cut, unchanged
-            assert sample.rollout_log_probs[:n] == old["logprobs"]
-            assert sample.weight_versions[:len(old["versions"])] == old["versions"] == ["v0"] * len(old["versions"])
-            assert set(sample.weight_versions[len(old["versions"]):]) == {"v1"}
-            assert _first_prompt_requests(loopback, sample) == 2  # LONG's first turn: sampled once per sample
-            # --mask-offpolicy-in-partial-rollout: only what the new weights sampled is trained
-            assert sample.loss_mask[:n] == [0] * n and 0 < sum(sample.loss_mask) < len(script.tool_ids) + \
-                2 * len(script.done_ids)
-            assert policy == script.done_ids * (sum(sample.loss_mask) // len(script.done_ids))
-        else:
-            assert sample.metadata["resumes"] == 0 and "start_rollout_id" not in sample.metadata
-            assert set(sample.weight_versions) == {"v1"} and _first_prompt_requests(loopback, sample) >= 4
-            assert policy == script.tool_ids + script.done_ids * 2  # a new episode, all on-policy
-    # the token books as slime trains them: prompt + response, one mask and one log-prob per response token
-    data = train_data(args, trained)
-    assert data["loss_masks"] == [s.loss_mask for s in trained] and data["raw_reward"] == [1.0, 1.0]
-    assert all(len(s.rollout_log_probs) == s.response_length for s in trained)
-    assert not registry.keys() & set(before)  # taken when handed back
+        assert sample.loss_mask[:n] == [0] * n and 0 < len(policy) < len(script.tool_ids + 2 * script.done_ids)
+        assert policy == script.done_ids * (len(policy) // len(script.done_ids))
+    assert _first_prompt_requests(loopback, cut_group[0]) == 2  # LONG's first turn: sampled once per sample
+    # the token books as slime trains them: one mask and one log-prob per response token
+    data = train_data(args, cut_group)
+    assert data["loss_masks"] == [s.loss_mask for s in cut_group] and data["raw_reward"] == [1.0, 1.0]
+    assert all(len(s.rollout_log_probs) == s.response_length for s in cut_group)
+    assert not live_episodes(args).keys() & set(before)  # taken when handed back
+
+
+def test_with_resume_off_a_cut_episode_starts_again(slime_env, monkeypatch, loopback, tiny_small_dir,
+                                                    small_tokenizer, tmp_path):
+    """TAU2_PARTIAL_RESUME=0: the same cut episode, handed back, starts from its first turn with the new weights
+    (and, six calls long again, loses rollout 1 to the new short group: the starvation bench/README.md P6 shows)."""
+    args, source, cut_group, before, _ = _cut_long(monkeypatch, loopback, tiny_small_dir, small_tokenizer,
+                                                   tmp_path, resume=False)
+    rollout(args, 1, source)
+    for sample in cut_group:
+        assert sample.metadata["resumes"] == 0
+        assert sample.weight_versions and set(sample.weight_versions) == {"v1"}  # nothing of rollout 0 kept
+    assert _first_prompt_requests(loopback, cut_group[0]) == 4  # LONG's first turn: sampled again
+    assert len(live_episodes(args)) == 0
 
 
 def test_the_resumed_episode_books_the_same_tokens_as_one_never_cut(slime_env, monkeypatch, loopback,
@@ -132,9 +143,12 @@ def test_the_resumed_episode_books_the_same_tokens_as_one_never_cut(slime_env, m
     args = slime_args(tiny_small_dir, _rows(tmp_path, [LONG, SHORT, "impossible_task_1"]), router, batch=1, n=2,
                       extra=("--over-sampling-batch-size", "2", "--partial-rollout"))
     _, source = rollout(args, 0)
-    output, _ = rollout(args, 1, source)
-    resumed = [s for s in flat(output.samples) if s.metadata["resumes"]]
-    assert len(resumed) == 2
+    (resumed,) = source.buffer  # LONG's group, cut
+    for rollout_id in (1, 2, 3):
+        rollout(args, rollout_id, source)
+        if all(s.status.name == "COMPLETED" for s in resumed):
+            break
+    assert all(s.metadata["resumes"] >= 1 for s in resumed)
     whole_args = slime_args(tiny_small_dir, prompt_rows(tmp_path / "long.jsonl", [LONG]), router, batch=1, n=2)
     whole, _ = rollout(whole_args, 0)
     whole = flat(whole.samples)
