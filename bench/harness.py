@@ -4,10 +4,11 @@
     .venv/bin/python bench/harness.py --workers 0 --domain airline --latency 2.0
     .venv/bin/python bench/harness.py --profile            # + bench/profiles/harness_<variant>.txt (pyinstrument)
 
-Variants: `--workers` sets episode_workers (0: episode work on the event loop); `--no-gc-freeze` skips the
-gc.freeze() that the rollout drivers make once set up; `--native-env` turns fast_env off; `--procs N` splits the
-episodes and the concurrency over N rollout processes started together (what several rollout processes per node
-would give; the stall reported is the worst process's).
+Variants: `--workers` sets episode_workers (0: episode work on the event loop); `--gc` the GC policy after the
+warm-up: `policy` (default) is what the rollout drivers do once set up (tau2_rl_pipeline/gc_policy.py: freeze,
+rarer full passes), `freeze` only gc.freeze() (the drivers before that policy), `off` neither; `--native-env`
+turns fast_env off; `--procs N` splits the episodes and the concurrency over N rollout processes started together
+(what several rollout processes per node would give; the stall reported is the worst process's).
 
 The engine is `CannedSGLang`, a process of its own speaking SGLang's native `/generate` contract on 127.0.0.1:
 each request sleeps `--latency` seconds, then answers with fixed canonical Qwen3 token ids (log-probs a constant
@@ -33,10 +34,12 @@ import json
 import logging
 import os
 import re
+import resource
 import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable as a script from anywhere
@@ -157,18 +160,25 @@ class CannedSGLang:
 
 
 class Heartbeat:
-    """Sleeps `period` in a loop on the event loop; each wake-up's lateness is one stall sample."""
+    """Sleeps `period` in a loop on the event loop; each wake-up's lateness is one stall sample.
+
+    On a loaded machine a wake-up is also late when the process waits for a core; `own` counts a stall only as far
+    as this process used the CPU meanwhile (the lateness, capped at the process CPU time of the interval): what the
+    process itself held the loop with, comparable across loads where `late` is not."""
 
     def __init__(self, period: float = HEARTBEAT_S):
         self.period = period
         self.late: list[float] = []
+        self.own: list[float] = []
         self._task: asyncio.Task | None = None
 
     async def _beat(self) -> None:
         while True:
-            t0 = time.perf_counter()
+            t0, cpu0 = time.perf_counter(), time.process_time()
             await asyncio.sleep(self.period)
-            self.late.append(time.perf_counter() - t0 - self.period)
+            late = time.perf_counter() - t0 - self.period
+            self.late.append(late)
+            self.own.append(max(0.0, min(late, time.process_time() - cpu0)))
 
     def __enter__(self) -> Heartbeat:
         self._task = asyncio.get_running_loop().create_task(self._beat())
@@ -180,7 +190,7 @@ class Heartbeat:
     def summary(self) -> dict[str, float]:
         late = sorted(self.late)
         return {"max_stall_s": late[-1], "p99_stall_s": late[int(0.99 * (len(late) - 1))],
-                "median_stall_s": statistics.median(late)}
+                "median_stall_s": statistics.median(late), "max_own_stall_s": max(self.own)}
 
 
 class GcPauses:
@@ -258,49 +268,63 @@ async def run_batch(base_url: str, domain: str, tasks: list, episodes: int, conc
                                      user_factory=user_factory or make_user_factory("scripted", cfg),
                                      sampling=policy_sampling(tokenizer), cfg=cfg, seed=0, on_done=records.append)
     wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    left = gc.collect()  # untimed: the cyclic garbage the run's GC setting left for a later full pass
     statuses = {s: sum(r["status"] == s for r in records) for s in {r["status"] for r in records}}
     phases = {k: statistics.mean(r["timings"].get(k, 0.0) for r in records) for k in ("env_s", "tokenize_s", "eval_s")}
     return {"wall_s": wall, "cpu_s": cpu, "turns": sum(r["turns"] for r in records), "statuses": statuses,
-            "phases": phases, **beat.summary(), **gcp.summary()}
+            "phases": phases, "gc_left": left, **beat.summary(), **gcp.summary(),
+            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
 def profile_name(args: argparse.Namespace) -> str:
     native = "_native" if args.native_env else ""
-    return f"{args.domain}{native}{'' if args.gc_freeze else '_nofreeze'}_w{args.workers}"
+    return f"{args.domain}{native}{'' if args.gc == 'policy' else '_gc' + args.gc}_w{args.workers}"
+
+
+GC_MODES = ("policy", "freeze", "off")
+
+
+def settle_gc(mode: str) -> None:
+    """After the warm-up: the rollout drivers' GC policy (`policy`), only the gc.freeze() they made before it
+    (`freeze`), or nothing (`off`)."""
+    if mode == "policy":
+        from tau2_rl_pipeline.gc_policy import settle
+
+        settle()
+    elif mode == "freeze":
+        gc.collect()
+        gc.freeze()
 
 
 def warmed_up(args: argparse.Namespace, base_url: str):
     """Tokenizer, tasks and config, after an untimed warm-up (imports, tau2 registry, fast_env's one parse of the
-    databases, template caches) and, unless --no-gc-freeze, the gc.freeze() a rollout driver makes once set up."""
+    databases, template caches) and the GC setting of --gc."""
     cfg = Tau2Config.from_env({}, episode_workers=args.workers, fast_env=not args.native_env)
     tokenizer = load_tokenizer()
     tasks = task_list(args.domain)
     asyncio.run(run_batch(base_url, args.domain, tasks, min(8, args.episodes), 8, tokenizer, cfg))
-    if args.gc_freeze:
-        gc.collect()
-        gc.freeze()
+    settle_gc(args.gc)
     return tokenizer, tasks, cfg
 
 
-def run_shard(args: argparse.Namespace) -> None:
-    """One of --procs rollout processes: warm up, say so, start at the time the parent sends, print the result."""
-    tokenizer, tasks, cfg = warmed_up(args, args.engine_url)
+def run_shard(args: argparse.Namespace, batch: Callable[[int, int], dict]) -> None:
+    """One of --procs rollout processes, warmed up: say so, start at the time the parent sends, run its share
+    (`batch(episodes, concurrency)`), print the result."""
     print("ready", flush=True)
     time.sleep(max(0.0, float(sys.stdin.readline()) - time.time()))
-    result = asyncio.run(run_batch(args.engine_url, args.domain, tasks, args.episodes // args.procs,
-                                   args.concurrency // args.procs, tokenizer, cfg))
+    result = batch(args.episodes // args.procs, args.concurrency // args.procs)
     print(json.dumps({**result, "ended_at": time.time()}), flush=True)
 
 
-def sharded(args: argparse.Namespace, server: CannedSGLang) -> dict:
-    """--procs processes, each with its share of the episodes and of the concurrency, started together."""
-    argv = [sys.executable, __file__, "--engine-url", server.base_url, *sys.argv[1:]]
-    shards = [subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+def sharded(args: argparse.Namespace, shard_argv: list[str], calls: Callable[[], dict[str, int]]) -> dict:
+    """--procs processes (`shard_argv`: a bench's command line for one shard), each with its share of the episodes
+    and of the concurrency, started together; `calls()` counts the canned servers' answers by name."""
+    shards = [subprocess.Popen(shard_argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
               for _ in range(args.procs)]
     for shard in shards:
         if shard.stdout.readline().strip() != "ready":
             raise SystemExit("a shard process failed to start")
-    calls0 = server.calls()  # after the shards' warm-ups
+    calls0 = calls()  # after the shards' warm-ups
     start = time.time() + 0.5
     for shard in shards:
         shard.stdin.write(f"{start}\n")
@@ -312,23 +336,24 @@ def sharded(args: argparse.Namespace, server: CannedSGLang) -> dict:
     for r in results:
         for k, v in r["statuses"].items():
             statuses[k] = statuses.get(k, 0) + v
-    return {"calls": server.calls() - calls0,
+    return {**{k: n - calls0[k] for k, n in calls().items()},
             "wall_s": max(r["ended_at"] for r in results) - start, "cpu_s": sum(r["cpu_s"] for r in results),
             "turns": sum(r["turns"] for r in results), "statuses": statuses,
             "phases": {k: statistics.mean(r["phases"][k] for r in results) for k in results[0]["phases"]},
             **{k: max(r[k] for r in results) for k in ("max_stall_s", "p99_stall_s", "median_stall_s",
-                                                      "gc_full_max_s")},
-            **{k: sum(r[k] for r in results) for k in ("gc_cpu_s", "gc_full")}}
+                                                      "max_own_stall_s", "gc_full_max_s", "peak_rss_mb")},
+            **{k: sum(r[k] for r in results) for k in ("gc_cpu_s", "gc_full", "gc_left")}}
 
 
-def bench(args: argparse.Namespace) -> dict:
+def bench(args: argparse.Namespace, argv: list[str]) -> dict:
     import tempfile
 
     tokenizer = load_tokenizer()
     with tempfile.TemporaryDirectory() as tmp, CannedSGLang(tokenizer, args.domain, args.tool_turns, args.latency,
                                                           Path(tmp)) as server:
         if args.procs > 1:
-            result = sharded(args, server)
+            result = sharded(args, [sys.executable, __file__, "--engine-url", server.base_url, *argv],
+                             lambda: {"calls": server.calls()})
         else:
             tokenizer, tasks, cfg = warmed_up(args, server.base_url)
             calls0 = server.calls()
@@ -353,6 +378,28 @@ def bench(args: argparse.Namespace) -> dict:
     return result
 
 
+def add_gc_and_procs_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--gc", choices=GC_MODES, default="policy",
+                        help="after the warm-up: the rollout drivers' GC policy, gc.freeze() only, or nothing")
+    parser.add_argument("--procs", type=int, default=1,
+                        help="rollout processes, each with 1/procs of the episodes and of the concurrency")
+
+
+def check_procs(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    if args.procs < 1 or args.episodes % args.procs or args.concurrency % args.procs:
+        parser.error("--procs must divide --episodes and --concurrency")
+
+
+def own_stall_row(r: dict) -> tuple[str, str]:
+    return ("event-loop stall max, counting only this process's CPU meanwhile (a loaded machine's waits left out)",
+            f"{r['max_own_stall_s'] * 1e3:.1f} ms")
+
+
+def gc_left_row(r: dict) -> tuple[str, str]:
+    return ("cyclic garbage left at the end (one gc.collect() after the run) / peak RSS (the largest process)",
+            f"{r['gc_left']} objects / {r['peak_rss_mb']:.0f} MiB")
+
+
 def yes_no(good: bool) -> str:
     return "yes" if good else "no"
 
@@ -366,8 +413,8 @@ def table(args: argparse.Namespace, r: dict) -> str:
     ok = yes_no
     rows = [
         ("episodes / concurrency / latency", f"{args.episodes} / {args.concurrency} / {args.latency * 1e3:.0f} ms"),
-        ("domain (environments) / episode_workers / gc.freeze / processes", f"{env} / {args.workers} / "
-         f"{'yes' if args.gc_freeze else 'no'} / {args.procs}"),
+        ("domain (environments) / episode_workers / GC / processes", f"{env} / {args.workers} / {args.gc} / "
+         f"{args.procs}"),
         ("generate calls", f"{r['calls']} (episode turns {r['turns']})"),
         ("statuses", ", ".join(f"{k} {v}" for k, v in sorted(r["statuses"].items()))),
         ("ideal wall (calls x latency / concurrency)", f"{r['ideal_s']:.2f} s"),
@@ -376,8 +423,10 @@ def table(args: argparse.Namespace, r: dict) -> str:
         ("episodes/s", f"{args.episodes / r['wall_s']:.1f}"),
         ("event-loop stall max, target <= 50 ms", f"{r['max_stall_s'] * 1e3:.1f} ms ({ok(r['max_stall_s'] <= 0.05)})"),
         ("event-loop stall p99 / median", f"{r['p99_stall_s'] * 1e3:.1f} / {r['median_stall_s'] * 1e3:.1f} ms"),
+        own_stall_row(r),
         ("cyclic GC: full passes / longest / CPU of all passes",
          f"{r['gc_full']} / {r['gc_full_max_s'] * 1e3:.0f} ms / {r['gc_cpu_s']:.2f} s"),
+        gc_left_row(r),
         ("harness CPU (all threads) per episode", f"{r['cpu_s'] / args.episodes * 1e3:.1f} ms"),
         ("per episode: env build+steps / first-prompt tokenize / evaluation (wall, incl. queueing)",
          " / ".join(f"{r['phases'][k] * 1e3:.0f} ms" for k in ("env_s", "tokenize_s", "eval_s"))),
@@ -396,25 +445,23 @@ def main(argv: list[str] | None = None) -> int:
                         help="tau2's native environments and evaluation (fast_env off, TAU2_FAST_ENV=0)")
     parser.add_argument("--workers", type=int, default=Tau2Config.episode_workers,
                         help="episode_workers: threads for blocking episode work; 0 = on the event loop")
-    parser.add_argument("--no-gc-freeze", dest="gc_freeze", action="store_false",
-                        help="skip the gc.freeze() that eval_passk and the slime adapter make once set up")
-    parser.add_argument("--procs", type=int, default=1,
-                        help="rollout processes, each with 1/procs of the episodes and of the concurrency")
+    add_gc_and_procs_args(parser)
     parser.add_argument("--profile", action="store_true", help="pyinstrument profile of the timed run (--procs 1)")
     parser.add_argument("--serve", metavar="SPEC", help=argparse.SUPPRESS)  # the canned engine's own process
     parser.add_argument("--engine-url", help=argparse.SUPPRESS)  # a --procs shard's own process
     args = parser.parse_args(argv)
-    if args.procs < 1 or args.episodes % args.procs or args.concurrency % args.procs:
-        parser.error("--procs must divide --episodes and --concurrency")
+    check_procs(parser, args)
     if args.serve:
         serve(args.serve)
         return 0
     # tau2's evaluator raises on some mock tasks' env assertions; the episode logs it and scores 0 (expected here)
     logging.getLogger("tau2_rl_pipeline.env").setLevel(logging.ERROR)
     if args.engine_url:
-        run_shard(args)
+        tokenizer, tasks, cfg = warmed_up(args, args.engine_url)
+        run_shard(args, lambda episodes, concurrency: asyncio.run(
+            run_batch(args.engine_url, args.domain, tasks, episodes, concurrency, tokenizer, cfg)))
         return 0
-    print(table(args, bench(args)))
+    print(table(args, bench(args, sys.argv[1:] if argv is None else argv)))
     return 0
 
 

@@ -102,7 +102,7 @@ def steps(tokenizer, size: int, sampling) -> tuple[dict, dict]:
                               add_special_tokens=False)
 
     def delta_step() -> float:
-        buf = TokenBuffer(prompt_ids=list(prompt))
+        buf = TokenBuffer(prompt)
         t0 = time.perf_counter()
         buf.add_policy(sampled, logprobs)
         closing = [] if sampled[-1:] == [template.end_of_turn_id] else [template.end_of_turn_id]
@@ -116,7 +116,7 @@ def steps(tokenizer, size: int, sampling) -> tuple[dict, dict]:
         return time.perf_counter() - t0
 
     def request_build() -> float:
-        buf = TokenBuffer(prompt_ids=list(prompt))
+        buf = TokenBuffer(prompt)
         buf.add_policy(sampled, logprobs)
         buf.add_observation(template.delta_ids(observation))
         t0 = time.perf_counter()
@@ -124,7 +124,7 @@ def steps(tokenizer, size: int, sampling) -> tuple[dict, dict]:
         return time.perf_counter() - t0
 
     # the two ways must give the same ids, or the comparison means nothing
-    buf = TokenBuffer(prompt_ids=list(prompt))
+    buf = TokenBuffer(prompt)
     buf.add_policy(sampled, logprobs)
     buf.add_observation(template.delta_ids(observation))
     naive = tokenizer.encode(render(tokenizer, full_chat, conv.tools, add_generation_prompt=True),

@@ -12,7 +12,10 @@ counted in its raw bytes, so the server spends next to no CPU of the machine mea
 1. *Episodes* (as P2, `bench/harness.py`): `--episodes` mock episodes, `--concurrency` in flight, through the
    evaluator's `run_episodes` with P2's canned policy engine (same latency) and the LLM user. Ideal wall time =
    (generate calls + user calls) x latency / concurrency: every call of an episode waits for the one before it.
-   CPU per episode, event-loop stalls (a 10 ms heartbeat), efficiency = ideal / achieved.
+   CPU per episode, event-loop stalls (a 10 ms heartbeat), efficiency = ideal / achieved. `--gc` and `--procs` as
+   in bench/harness.py: the GC setting after the warm-up (default: the rollout drivers' policy,
+   tau2_rl_pipeline/gc_policy.py), and N rollout processes started together, each with 1/N of the episodes and of
+   the concurrency (the stall reported is the worst process's).
 2. *User turns*: `--turns` calls of the user simulator alone (`generate_next_message` on a 13-message
    conversation, as in the issue's measurement; `--turn-domain telecom` with the user's 30 device tools), 32 in
    flight, against the same server with no latency: CPU of this process per user turn, all threads
@@ -26,7 +29,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import copy
-import gc
 import json
 import re
 import subprocess
@@ -96,21 +98,34 @@ def user_config(args: argparse.Namespace, user_url: str) -> Tau2Config:
 # 1. Episodes
 
 
-def episodes(args: argparse.Namespace, tmp: Path, tokenizer) -> dict:
+def warmed_up(args: argparse.Namespace, engine_url: str, user_url: str, tokenizer):
+    """`batch(episodes, concurrency)`: a timed run of LLM-user episodes, made after an untimed warm-up and the GC
+    setting of --gc (as `harness.warmed_up`)."""
     from tau2_rl_pipeline.users import make_user_factory
 
+    cfg = user_config(args, user_url)
+    factory = make_user_factory("llm", cfg)
+    tasks = harness.task_list("mock")
+    asyncio.run(harness.run_batch(engine_url, "mock", tasks, 8, 8, tokenizer, cfg, user_factory=factory))
+    harness.settle_gc(args.gc)
+    return lambda episodes, concurrency: asyncio.run(harness.run_batch(
+        engine_url, "mock", tasks, episodes, concurrency, tokenizer, cfg, user_factory=factory))
+
+
+def episodes(args: argparse.Namespace, argv: list[str], tmp: Path, tokenizer) -> dict:
     with harness.CannedSGLang(tokenizer, "mock", args.tool_turns, args.latency, tmp) as engine, \
             CannedUser(args.latency, args.user_turns, tmp) as user:
-        cfg = user_config(args, user.base_url)
-        factory = make_user_factory("llm", cfg)
-        tasks = harness.task_list("mock")
-        asyncio.run(harness.run_batch(engine.base_url, "mock", tasks, 8, 8, tokenizer, cfg, user_factory=factory))
-        gc.collect()
-        gc.freeze()  # as the rollout drivers do once set up
-        calls0, user0 = engine.calls(), user.calls()
-        result = asyncio.run(harness.run_batch(engine.base_url, "mock", tasks, args.episodes, args.concurrency,
-                                               tokenizer, cfg, user_factory=factory))
-        result["calls"], result["user_calls"] = engine.calls() - calls0, user.calls() - user0
+        def calls() -> dict[str, int]:
+            return {"calls": engine.calls(), "user_calls": user.calls()}
+
+        if args.procs > 1:
+            result = harness.sharded(args, [sys.executable, __file__, "--engine-url", engine.base_url, "--user-url",
+                                            user.base_url, *argv], calls)
+        else:
+            batch = warmed_up(args, engine.base_url, user.base_url, tokenizer)
+            calls0 = calls()
+            result = batch(args.episodes, args.concurrency)
+            result.update({k: n - calls0[k] for k, n in calls().items()})
     result["ideal_s"] = (result["calls"] + result["user_calls"]) * args.latency / args.concurrency
     result["efficiency"] = result["ideal_s"] / result["wall_s"]
     return result
@@ -119,7 +134,7 @@ def episodes(args: argparse.Namespace, tmp: Path, tokenizer) -> dict:
 def episodes_table(args: argparse.Namespace, r: dict) -> str:
     ok = harness.yes_no
     rows = [
-        ("client / episode_workers", f"{args.client} / {args.workers}"),
+        ("client / episode_workers / GC / processes", f"{args.client} / {args.workers} / {args.gc} / {args.procs}"),
         ("episodes / concurrency / latency per call",
          f"{args.episodes} / {args.concurrency} / {args.latency * 1e3:.0f} ms"),
         ("generate calls / user calls", f"{r['calls']} / {r['user_calls']}"),
@@ -129,7 +144,9 @@ def episodes_table(args: argparse.Namespace, r: dict) -> str:
         ("efficiency (ideal / achieved), target >= 90%", f"{r['efficiency']:.1%} ({ok(r['efficiency'] >= 0.9)})"),
         ("event-loop stall max, target <= 50 ms", f"{r['max_stall_s'] * 1e3:.1f} ms ({ok(r['max_stall_s'] <= 0.05)})"),
         ("event-loop stall p99 / median", f"{r['p99_stall_s'] * 1e3:.1f} / {r['median_stall_s'] * 1e3:.1f} ms"),
+        harness.own_stall_row(r),
         ("cyclic GC: full passes / longest", f"{r['gc_full']} / {r['gc_full_max_s'] * 1e3:.0f} ms"),
+        harness.gc_left_row(r),
         ("CPU (all threads) per episode", f"{r['cpu_s'] / args.episodes * 1e3:.1f} ms"),
     ]
     return harness.markdown_table(rows)
@@ -237,21 +254,29 @@ def main(argv: list[str] | None = None) -> int:
                         help="the user-turn measurement's task (telecom: with the user's device tools)")
     parser.add_argument("--turns-only", action="store_true", help="skip the episodes")
     parser.add_argument("--profile", action="store_true", help="pyinstrument profile of the user turns")
+    harness.add_gc_and_procs_args(parser)
     parser.add_argument("--serve-user", metavar="SPEC", help=argparse.SUPPRESS)  # the canned user's own process
+    parser.add_argument("--engine-url", help=argparse.SUPPRESS)  # a --procs shard's own process
+    parser.add_argument("--user-url", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve_user:
         serve_user(args.serve_user)
         return 0
     if args.user_turns < 2:
         parser.error("--user-turns must be >= 2 (the opening request and the stop)")
+    harness.check_procs(parser, args)
     import logging
 
     logging.getLogger("tau2_rl_pipeline.env").setLevel(logging.ERROR)  # mock's evaluator raises on some tasks
+    if args.engine_url:
+        harness.run_shard(args, warmed_up(args, args.engine_url, args.user_url, harness.load_tokenizer()))
+        return 0
     with tempfile.TemporaryDirectory() as tmp:
         print(turns_table(args, user_turns(args, Path(tmp))))
         if not args.turns_only:
             print()
-            print(episodes_table(args, episodes(args, Path(tmp), harness.load_tokenizer())))
+            print(episodes_table(args, episodes(args, sys.argv[1:] if argv is None else argv, Path(tmp),
+                                                harness.load_tokenizer())))
     return 0
 
 

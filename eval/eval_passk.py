@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 import json
 import logging
 import sys
@@ -42,6 +41,7 @@ from eval.submission import SubmissionError, add_submission_args, check_submitta
 from tau2_rl_pipeline import judge
 from tau2_rl_pipeline.config import ConfigError, Tau2Config, add_config_args, command_parser, config_from_args
 from tau2_rl_pipeline.engines import SamplingParams
+from tau2_rl_pipeline.gc_policy import settled
 from tau2_rl_pipeline.tasks import TaskLookupError, check_split, load_tasks
 from tau2_rl_pipeline.tau2_version import VERSION, benchmark_id, check_retrieval_variant, needs_judge
 from tau2_rl_pipeline.users import (USER_KINDS, UserConfigError, llm_user_args, make_user_factory,
@@ -420,11 +420,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         advance(rec)
 
     log.open_for_append(discard=not args.resume)
-    # Everything loaded so far lives for the whole run: keep it out of the collector's full passes, which
-    # otherwise stall the event loop for ~0.4 s each with hundreds of episodes in flight (bench/README.md, P2).
-    gc.freeze()
     try:
-        with progress:
+        with progress, settled():  # the rollout's GC policy (tau2_rl_pipeline/gc_policy.py)
             if args.procs > 1:
                 run_sharded(pending, procs=args.procs, sglang_url=args.sglang_url, tokenizer=setup["tokenizer"],
                             user_kind=args.user, cfg=cfg, sampling=sampling, seed=args.seed,

@@ -11,7 +11,6 @@ alone writes the episodes file, so resuming works as with one process.
 from __future__ import annotations
 
 import asyncio
-import gc
 import multiprocessing
 import queue as queue_module
 from collections.abc import Callable, Sequence
@@ -19,6 +18,7 @@ from typing import Any
 
 from tau2_rl_pipeline.config import Tau2Config
 from tau2_rl_pipeline.engines import SamplingParams
+from tau2_rl_pipeline.gc_policy import settle
 
 POLL_S = 1.0  # how often a silent queue makes the parent check that every shard is still alive
 
@@ -40,8 +40,7 @@ def _shard(index: int, episodes: list, sglang_url: str, tokenizer: Any, user_kin
     from eval.runner import run_episodes_on_sglang
     from tau2_rl_pipeline.users import make_user_factory
 
-    gc.collect()
-    gc.freeze()  # as the parent does: what is loaded now lives for the whole run
+    settle()  # a rollout process of its own (tau2_rl_pipeline/gc_policy.py)
     try:
         asyncio.run(run_episodes_on_sglang(
             sglang_url, episodes, concurrency=concurrency, tokenizer=tokenizer,

@@ -236,6 +236,9 @@ class SGLangEngine:
 
     async def generate(self, input_ids: list[int], sampling: SamplingParams) -> GenerateResult:
         body = sglang_generate_body(input_ids, sampling)
+        # The body holds the ids now. Kept, the list would be walked by every full GC pass for as long as the
+        # request waits on the engine: one list of the whole conversation's ids per episode in flight (P5).
+        del input_ids
         try:
             return await self._http.post(body, lambda content: parse_generate_response(json.loads(content)))
         except RequestFailed as e:

@@ -177,7 +177,7 @@ class LiveEpisode:
     def mask_earlier(self) -> None:
         """Out of the loss: every response token so far (slime's --mask-offpolicy-in-partial-rollout, which masks
         a returned sample's earlier response: it was sampled by older weights)."""
-        self.buf.loss_mask[:] = [0] * len(self.buf.loss_mask)
+        self.buf.loss_mask = (0,) * len(self.buf.loss_mask)
 
 
 async def run_episode(
@@ -220,7 +220,7 @@ async def run_episode(
                                                            retrieval_variant=cfg.retrieval_variant))
         if sampling.seed is not None and user is not None:
             user.set_seed(sampling.seed)  # as tau2's orchestrator seeds its user with the simulation's seed
-        live = LiveEpisode(episode, {"role": "system", "content": episode.system_prompt}, TokenBuffer(prompt_ids=[]),
+        live = LiveEpisode(episode, {"role": "system", "content": episode.system_prompt}, TokenBuffer(),
                            callable(getattr(user, "agenerate_next_message", None)), clock=clock)
     else:
         live.resumes += 1
@@ -238,7 +238,7 @@ async def run_episode(
     try:
         if not buf.prompt_ids:
             view = await (on_loop("env_s", episode.astart) if asynchronous else blocking("env_s", episode.start))
-            buf.prompt_ids = await blocking("tokenize_s", template.first_prompt_ids, [system, *view], episode.tools)
+            buf.set_prompt(await blocking("tokenize_s", template.first_prompt_ids, [system, *view], episode.tools))
         while not episode.done:
             room = cfg.max_context_len - len(buf)
             cut = live.open_turn  # None, or the ids a cut turn has so far: this request continues that turn
@@ -295,13 +295,14 @@ async def run_episode(
         clock.add("user_s", episode.user_wait_s)
         clock.add("env_s", -episode.user_wait_s)
     clock.add("total_s", time.perf_counter() - t_start)
+    prompt_ids, response_ids, loss_mask, logprobs, top_p = buf.lists()
     return Trajectory(
         domain=domain,
         task_id=task.id,
-        prompt_ids=list(buf.prompt_ids),  # copies: a live episode's book grows on when it is resumed
-        response_ids=list(buf.response_ids),
-        loss_mask=list(buf.loss_mask),
-        rollout_logprobs=list(buf.logprobs),
+        prompt_ids=prompt_ids,  # copies (buf.lists()): a live episode's book grows on when it is resumed
+        response_ids=response_ids,
+        loss_mask=loss_mask,
+        rollout_logprobs=logprobs,
         chat=[system, *episode.agent_view()],
         tools=episode.tools,
         messages=list(episode.messages),  # dumped to JSON only where a record needs them (eval/runner.py)
@@ -317,7 +318,7 @@ async def run_episode(
         user_tool_calls_by_agent=episode.user_tool_calls_by_agent,
         refused_call_ids=sorted(episode.refused_call_ids),
         turn_meta=list(live.turn_meta),
-        top_p=TopPSpans(list(buf.top_p_ids), list(buf.top_p_offsets)) if buf.top_p_offsets is not None else None,
+        top_p=top_p,
         judge=judge_usage.to_dict(),
         resumes=live.resumes,
         live=live if reason in (ROLLOUT_STOPPED, "engine_abort") else None,

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import gc
 import logging
 import threading
 from dataclasses import replace
@@ -27,6 +26,7 @@ from tau2_rl_pipeline.config import Tau2Config
 from tau2_rl_pipeline.curriculum import CurriculumTracker, state_path
 from tau2_rl_pipeline.engines import SamplingParams, SGLangEngine
 from tau2_rl_pipeline.env import build_environment
+from tau2_rl_pipeline.gc_policy import settle
 from tau2_rl_pipeline.judge_reward import JudgeClient, judge_trajectory
 from tau2_rl_pipeline.partial_rollout import LiveEpisodes
 from tau2_rl_pipeline.reward import (
@@ -74,10 +74,9 @@ def _tokenizer(path: str):
 
 @functools.lru_cache(maxsize=None)
 def _engine(ip: str, port: int, concurrency: int, max_retries: int, timeout_s: float) -> SGLangEngine:
-    # The first episode of the run: what slime, torch and tau2 have loaded by now lives as long as the process.
-    # Out of the collector's full passes, which otherwise stall the event loop for ~0.4 s each with hundreds of
-    # episodes in flight (bench/README.md, P2).
-    gc.freeze()
+    # The first episode of the run: what slime, torch and tau2 have loaded by now lives as long as the process
+    # (tau2_rl_pipeline/gc_policy.py: why, and the numbers).
+    settle()
     return SGLangEngine.from_router(ip, port, max_in_flight=concurrency, max_retries=max_retries,
                                     timeout_s=timeout_s)
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 import json
 import re
 import threading
-from dataclasses import dataclass, field
+from collections.abc import Iterable
+from dataclasses import dataclass
 
 from tau2_rl_pipeline.prompting import render
 
@@ -123,40 +124,61 @@ class TopPSpans:
         return len(self.offsets) - 1
 
 
-@dataclass
 class TokenBuffer:
     """Prompt ids, then response ids with a loss mask and rollout log-probs kept in step; and, when the engine
     returns them, the top-p nucleus of every response token (policy tokens: what they were sampled among;
-    observation tokens: empty spans, as slime's `Sample.append_response_tokens` pads them)."""
+    observation tokens: empty spans, as slime's `Sample.append_response_tokens` pads them).
 
-    prompt_ids: list[int]
-    response_ids: list[int] = field(default_factory=list)
-    loss_mask: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    top_p_ids: list[int] | None = None
-    top_p_offsets: list[int] | None = None
+    The books are tuples, not lists: a list of N ids is N references that every GC pass over it walks, while
+    CPython stops tracking a tuple of numbers at the first young pass it survives, so no pass walks it again.
+    With 256 episodes in flight the books were about half of the references a full pass walked
+    (bench/README.md, P5). Extending a tuple copies it (the pointers, as `all_ids()` does for every request
+    anyway); `array.array` would also hide the numbers, but boxing them back into ints for every request cost
+    30% more CPU on this path. `lists()` hands the books out as the lists a Trajectory (and slime's Sample)
+    holds, once, when the episode ends.
+    """
+
+    __slots__ = ("prompt_ids", "response_ids", "loss_mask", "logprobs", "top_p_ids", "top_p_offsets")
+
+    def __init__(self, prompt_ids: Iterable[int] = ()):
+        self.prompt_ids = tuple(prompt_ids)
+        self.response_ids: tuple[int, ...] = ()
+        self.loss_mask: tuple[int, ...] = ()
+        self.logprobs: tuple[float, ...] = ()
+        self.top_p_ids: tuple[int, ...] | None = None
+        self.top_p_offsets: tuple[int, ...] | None = None
+
+    def set_prompt(self, ids: Iterable[int]) -> None:
+        self.prompt_ids = tuple(ids)
 
     def __len__(self) -> int:
         return len(self.prompt_ids) + len(self.response_ids)
 
     def all_ids(self) -> list[int]:
-        return self.prompt_ids + self.response_ids
+        """The next request's prompt: a list made for the request, not kept."""
+        return [*self.prompt_ids, *self.response_ids]
+
+    def lists(self) -> tuple[list[int], list[int], list[int], list[float], TopPSpans | None]:
+        """(prompt ids, response ids, loss mask, log-probs, top-p spans or None) as lists, for the Trajectory."""
+        top_p = (TopPSpans(list(self.top_p_ids), list(self.top_p_offsets))
+                 if self.top_p_offsets is not None else None)
+        return list(self.prompt_ids), list(self.response_ids), list(self.loss_mask), list(self.logprobs), top_p
 
     def add_policy(self, ids: list[int], logprobs: list[float], top_p: TopPSpans | None = None) -> None:
         if len(ids) != len(logprobs):
             raise ValueError(f"{len(ids)} sampled ids but {len(logprobs)} log-probs")
         if ids:
             self._add_top_p(ids, top_p)
-        self.response_ids.extend(ids)
-        self.loss_mask.extend([1] * len(ids))
-        self.logprobs.extend(float(x) for x in logprobs)
+        self.response_ids += tuple(ids)
+        self.loss_mask += (1,) * len(ids)
+        self.logprobs += tuple(map(float, logprobs))
 
     def add_observation(self, ids: list[int]) -> None:
         if self.top_p_offsets is not None:
-            self.top_p_offsets.extend([self.top_p_offsets[-1]] * len(ids))
-        self.response_ids.extend(ids)
-        self.loss_mask.extend([0] * len(ids))
-        self.logprobs.extend([0.0] * len(ids))
+            self.top_p_offsets += (self.top_p_offsets[-1],) * len(ids)
+        self.response_ids += tuple(ids)
+        self.loss_mask += (0,) * len(ids)
+        self.logprobs += (0.0,) * len(ids)
 
     def _add_top_p(self, ids: list[int], top_p: TopPSpans | None) -> None:
         """Top-p spans are kept for every policy turn or for none: a book with holes would train on a nucleus
@@ -170,10 +192,10 @@ class TokenBuffer:
         if self.top_p_offsets is None:
             if self.response_ids:
                 raise ValueError("top-p spans began after the first policy turn")
-            self.top_p_ids, self.top_p_offsets = [], [0]
+            self.top_p_ids, self.top_p_offsets = (), (0,)
         base = self.top_p_offsets[-1]
-        self.top_p_ids.extend(top_p.ids)
-        self.top_p_offsets.extend(base + o for o in top_p.offsets[1:])
+        self.top_p_ids += tuple(top_p.ids)
+        self.top_p_offsets += tuple(base + o for o in top_p.offsets[1:])
 
     def policy_ids(self) -> list[int]:
         return [t for t, m in zip(self.response_ids, self.loss_mask) if m]

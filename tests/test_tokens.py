@@ -1,12 +1,15 @@
 """Token bookkeeping shortcuts give exactly the ids of rendering and tokenizing the whole text (real Qwen3
 tokenizer, real tau2 episodes)."""
 
+import gc
+import struct
+
 import pytest
 
 from tau2_rl_pipeline.env import Episode
 from tau2_rl_pipeline.prompting import render
 from tau2_rl_pipeline.tasks import load_tasks
-from tau2_rl_pipeline.tokens import ObservationTemplate
+from tau2_rl_pipeline.tokens import ObservationTemplate, TokenBuffer, TopPSpans
 from tau2_rl_pipeline.users import ScriptedUser
 
 
@@ -77,3 +80,59 @@ def test_an_observation_with_a_lone_surrogate_is_tokenized_as_the_replacement_ch
     chat[-1] = {**chat[-1], "content": chat[-1]["content"] + "\udc00"}
     assert template.first_prompt_ids(chat, tools)[-8:] == template.first_prompt_ids(
         [*chat[:-1], {**chat[-1], "content": chat[-1]["content"][:-1] + "\ufffd"}], tools)[-8:]
+
+
+def _list_books(prompt, turns):
+    """The books as the list-based TokenBuffer kept them before they moved to arrays: the reference."""
+    ids, mask, logprobs, top_ids, offsets = list(prompt), [], [], [], [0]
+    for kind, turn_ids, turn_logprobs, spans in turns:
+        ids += turn_ids
+        mask += [1 if kind == "policy" else 0] * len(turn_ids)
+        logprobs += turn_logprobs if kind == "policy" else [0.0] * len(turn_ids)
+        if kind == "policy":
+            top_ids += spans.ids
+            offsets += [offsets[-1] + o for o in spans.offsets[1:]]
+        else:
+            offsets += [offsets[-1]] * len(turn_ids)
+    return ids[len(prompt):], mask, logprobs, top_ids, offsets
+
+
+def test_token_books_are_untracked_tuples_handed_out_as_the_same_lists():
+    """The books are tuples the GC stops tracking at the first young pass (a list of N ids is N references every pass
+    walks: P5) and come out as the lists they were:
+    ids as ints (Qwen3's largest id too), log-probs bit for bit, top-p spans in slime's layout."""
+    prompt = [151644, 8948, 198, 2610, 525]
+    sampled = [9707, 11, 1879, 0, 151668, 151645]
+    logprobs = [-0.1, -1e-300, -2.220446049250313e-16, 0.0, -123.456789012345678, -5e-324]
+    spans = TopPSpans(ids=[9707, 1, 11, 1879, 0, 151668, 151645], offsets=[0, 2, 3, 4, 5, 6, 7])
+    observation = [151644, 872, 198, 13048, 151645, 198]
+    buf = TokenBuffer(prompt)
+    buf.add_policy(sampled, logprobs, spans)
+    buf.add_observation(observation)
+    buf.add_policy(sampled[:2], logprobs[:2], TopPSpans(ids=[9707, 11], offsets=[0, 1, 2]))
+    gc.collect(0)
+    for book in (buf.prompt_ids, buf.response_ids, buf.loss_mask, buf.logprobs, buf.top_p_ids, buf.top_p_offsets):
+        assert not gc.is_tracked(book)
+    prompt_ids, response_ids, loss_mask, out_logprobs, top_p = buf.lists()
+    turns = [("policy", sampled, logprobs, spans), ("observation", observation, None, None),
+             ("policy", sampled[:2], logprobs[:2], TopPSpans(ids=[9707, 11], offsets=[0, 1, 2]))]
+    want_ids, want_mask, want_logprobs, want_top_ids, want_offsets = _list_books(prompt, turns)
+    assert (prompt_ids, response_ids, loss_mask) == (prompt, want_ids, want_mask)
+    assert [struct.pack("<d", x) for x in out_logprobs] == [struct.pack("<d", x) for x in want_logprobs]
+    assert (top_p.ids, top_p.offsets) == (want_top_ids, want_offsets)
+    assert {type(x) for x in prompt_ids + response_ids + loss_mask} == {int}
+    assert {type(x) for x in out_logprobs} == {float}
+    assert all(type(book) is list for book in (prompt_ids, response_ids, loss_mask, out_logprobs, top_p.ids))
+    assert buf.all_ids() == prompt + want_ids and type(buf.all_ids()) is list
+    assert len(buf) == len(prompt) + len(want_ids)
+    assert buf.policy_ids() == sampled + sampled[:2]
+
+
+def test_token_books_refuse_what_they_refused_as_lists():
+    buf = TokenBuffer([1, 2])
+    with pytest.raises(ValueError, match="2 sampled ids but 1 log-probs"):
+        buf.add_policy([3, 4], [-0.5])
+    buf.add_policy([3], [-0.5])
+    with pytest.raises(ValueError, match="top-p spans began after the first policy turn"):
+        buf.add_policy([4], [-0.5], TopPSpans(ids=[4], offsets=[0, 1]))
+    assert TokenBuffer().lists() == ([], [], [], [], None)

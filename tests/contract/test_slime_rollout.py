@@ -14,6 +14,7 @@ import time
 import pytest
 from slime_harness import FILTER, flat, prompt_rows, reset_slime, rollout, slime_args, train_data
 
+from tau2_rl_pipeline import gc_policy
 from tau2_rl_pipeline.actions import render_assistant_text
 from tau2_rl_pipeline.loopback_server import Fault, LoopbackServer
 from tau2_rl_pipeline.slime_adapter import in_flight_cap
@@ -32,9 +33,11 @@ def slime_env(monkeypatch, loopback, tmp_path):
     monkeypatch.setenv("TAU2_MAX_TURNS", "4")
     monkeypatch.setenv("TAU2_CURRICULUM_STATE_PATH", str(tmp_path / "curriculum.json"))
     reset_slime()
+    thresholds = gc.get_threshold()
     yield
     reset_slime()  # before the loopback server goes: slime's async worker drains its episodes against it
-    gc.unfreeze()  # the adapter's first episode freezes the heap: give it back to the collector
+    gc.unfreeze()  # the adapter's first episode settles the heap (gc_policy.settle): give it back as it was
+    gc.set_threshold(*thresholds)
 
 
 class Script:
@@ -92,6 +95,7 @@ def test_successful_episodes_train_exactly_the_policys_sampled_turns(slime_env, 
     assert data["raw_reward"] == [1.0, 1.0]
     json.dumps([s.metadata for s in samples])  # slime logs and ships metadata
     assert gc.get_freeze_count() > 0  # what was loaded before the first episode is out of the GC's full passes
+    assert gc.get_threshold()[2] == gc_policy.FULL_PASS_EVERY  # and the rollout process's GC policy is on
     chats = [body for path, body in loopback.requests if path == "/v1/chat/completions"]
     assert chats[0]["model"] == "tiny"  # tau2's LLM user, the provider prefix stripped as litellm's openai/ route does
     assert any(m["role"] == "system" for m in chats[0]["messages"])  # tau2's user-simulator prompt
