@@ -72,9 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("tasks")
     g.add_argument("--domains", default="airline,retail,telecom", help="comma-separated tau2 domains")
     g.add_argument("--task-split", default="test",
-                   help="split of every domain (mock and banking_knowledge have only 'base')")
+                   help="split of every domain ('base' only: mock, banking_knowledge)")
     g.add_argument("--task-ids", default=None,
-                   help="comma-separated task ids (default: all); each must be in some selected domain")
+                   help="comma-separated task ids (default: all)")
     g.add_argument("--num-samples", type=int, default=4, help="episodes per task: n in pass@k / pass^k, k <= n")
     g = p.add_argument_group("sampling (default: Qwen3-4B-Instruct-2507's recommended settings)")
     g.add_argument("--temperature", type=float, default=0.7)

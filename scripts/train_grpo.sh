@@ -107,8 +107,9 @@ CKPT_ARGS=(
   --save-interval "${GRPO_SAVE_INTERVAL}"
 )
 
-# Rows {"input": label, "metadata": {domain, split, task_id, task_index}}: the rollout builds the real prompt (the
-# episode's system prompt, tools, conversation) from the metadata, so no --apply-chat-template here.
+# Rows {"input": label, "metadata": {domain, split, task_id, task_index, benchmark}}: the rollout builds the real
+# prompt (the episode's system prompt, tools, conversation) from the metadata, so no --apply-chat-template here; it
+# refuses rows written with another tau2 (benchmark).
 ROLLOUT_ARGS=(
   --prompt-data "${GRPO_PROMPT_DATA}"
   --input-key input

@@ -4,7 +4,8 @@ An aborted episode (the policy server or the user simulator failing after retrie
 slime then trains on it with an all-zero mask. One bad rollout is noise; a server that is down makes every rollout
 empty, and the run would go on "training" for hours with only warnings in the log. The guard counts episodes in
 windows of one rollout's size and stops the run, with the first error it saw, once more than `patience`
-consecutive windows were mostly aborted. Pure bookkeeping: the slime adapter feeds it and raises what it returns.
+consecutive windows were mostly aborted. A fault no episode can get past (`stop`: the prompt data was written with
+another tau2) stops the run at once. Pure bookkeeping: the slime adapter feeds it and raises what it returns.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ class AbortStormGuard:
     _aborted: int = 0
     _streak: int = 0
     _first_error: str | None = None
-    _tripped: AbortStorm | None = None
+    _tripped: Exception | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def __post_init__(self) -> None:
@@ -35,10 +36,15 @@ class AbortStormGuard:
                              f"{self.fraction}, {self.patience}")
 
     @property
-    def tripped(self) -> AbortStorm | None:
+    def tripped(self) -> Exception | None:
         return self._tripped
 
-    def record(self, aborted: bool, error: str | None = None) -> AbortStorm | None:
+    def stop(self, error: Exception) -> None:
+        """Stop the run with `error` (kept when the run already stopped): the rollout raises it from now on."""
+        with self._lock:
+            self._tripped = self._tripped or error
+
+    def record(self, aborted: bool, error: str | None = None) -> Exception | None:
         """Count one finished episode; returns the AbortStorm to raise once the run must stop (and ever after)."""
         with self._lock:
             if self._tripped is not None:

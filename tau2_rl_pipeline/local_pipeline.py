@@ -6,9 +6,10 @@
 It runs the same episode, rollout, reward shaping, curriculum and group normalization as the slime run; only the
 engine (in-process transformers instead of SGLang) and the trainer (tau2_rl_pipeline.trainer instead of Megatron)
 differ. The user side is the offline ScriptedUser, so the numbers are a plumbing and learning-signal check, not
-tau2 scores. Each stage's output under --out is recorded with the settings that made it (stage_book.py): a rerun
-skips what is done with the same settings (and says so), resumes what is unfinished (an evaluation's episodes,
-GRPO's finished steps) and redoes what other settings change. The policy stage (GRPO, or AWSFT with --algorithm)
+tau2 scores. Each stage's output under --out is recorded with the settings that made it and the tau2 version and
+task set it ran on (stage_book.py): a rerun skips what is done with the same settings (and says so), resumes what is
+unfinished (an evaluation's episodes, GRPO's finished steps), redoes what other settings change and refuses outputs
+of another tau2 version or task set. The policy stage (GRPO, or AWSFT with --algorithm)
 draws from the tasks whose RFT-sampling pass rate lies in the TAU2_GRPO_{MIN,MAX}_PASS_RATE band.
 """
 
@@ -28,6 +29,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from tau2_rl_pipeline import judge
 from tau2_rl_pipeline.config import ConfigError, Tau2Config, add_config_args, command_parser, config_from_args
 from tau2_rl_pipeline.demo_report import (
     ALGORITHMS,
@@ -44,7 +46,7 @@ from tau2_rl_pipeline.sft_data import oracle_demonstrations
 from tau2_rl_pipeline.stage_book import SKIP, StageBook, StaleOutputError
 from tau2_rl_pipeline.tasks import DOMAINS, TaskLookupError, check_split, load_tasks
 from tau2_rl_pipeline.tau2_version import (BenchmarkMismatch, RetrievalVariantError, benchmark_id,
-                                           check_retrieval_variant, check_same_benchmark)
+                                           check_retrieval_variant, needs_judge)
 from tau2_rl_pipeline.trainer import LocalTrainer, TrainConfig, sft_example_from_chat
 
 DEMO_MAX_TURNS = 8  # unless --max-turns or TAU2_MAX_TURNS say otherwise: mock tasks take 2-3 policy turns
@@ -239,10 +241,18 @@ def stage_settings(args, cfg: Tau2Config, split: str, eval_split: str) -> dict[s
     return {**made, **{f"eval {stage}": {**settings, **evaluation} for stage, settings in made.items()}}
 
 
-def run_stages(args, cfg: Tau2Config, split: str, eval_split: str) -> dict:
-    """Every stage in order, each skipped, resumed or redone as its record says; returns the report."""
+def run_benchmark(domain: str, split: str, eval_split: str, retrieval_variant: str) -> dict[str, str]:
+    """The tau2 version and the hash of the tasks a run trains and evaluates on, with banking_knowledge's retrieval
+    variant (recorded with every stage)."""
+    return benchmark_id({domain: [*load_tasks(domain, split), *load_tasks(domain, eval_split)]}, retrieval_variant)
+
+
+def run_stages(args, cfg: Tau2Config, split: str, eval_split: str, benchmark: dict[str, str]) -> dict:
+    """Every stage in order, each skipped, resumed or redone as its record says; returns the report. Outputs of
+    another tau2 version or task set are refused (BenchmarkMismatch) before anything is written."""
     out = args.out
-    book = StageBook(out)
+    book = StageBook(out, benchmark)
+    out.mkdir(parents=True, exist_ok=True)
     settings = stage_settings(args, cfg, split, eval_split)
     book.refuse_unrecorded([out / "sft", out / "rft", *(out / a for a in ALGORITHMS), out / "eval",
                             out / "report.json"])
@@ -307,7 +317,7 @@ def run_stages(args, cfg: Tau2Config, split: str, eval_split: str) -> dict:
         report[algorithm] = stage(algorithm, [checkpoints[algorithm]], partial(policy_work, algorithm),
                                   [out / algorithm])
         report["stages"][algorithm] = evaluated(algorithm)
-    report["wall_s"] = sum(r.get("wall_s", 0.0) for r in book.records.values() if r.get("result"))
+    report["wall_s"] = sum(r["result"].get("wall_s", 0.0) for r in book.records.values() if r.get("result"))
     return report
 
 
@@ -324,7 +334,9 @@ def main(argv: list[str] | None = None) -> int:
         check_split(args.domain, split)
         check_split(args.domain, eval_split)
         check_retrieval_variant([args.domain], cfg.retrieval_variant)
-    except (ConfigError, TaskLookupError, RetrievalVariantError) as e:
+        if any(needs_judge(t) for s in (split, eval_split) for t in load_tasks(args.domain, s)):
+            judge.check_judge(cfg)  # tau2 1.0.1's judged retail: a remote judge without an API key, before any work
+    except (ConfigError, TaskLookupError, RetrievalVariantError, judge.JudgeConfigError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if args.model and not (Path(args.model) / "config.json").is_file():
@@ -332,19 +344,11 @@ def main(argv: list[str] | None = None) -> int:
               "--model out to build the tiny demo model", file=sys.stderr)
         return 2
     report_path = args.out / "report.json"
-    benchmark = benchmark_id({args.domain: [*load_tasks(args.domain, split), *load_tasks(args.domain, eval_split)]},
-                             cfg.retrieval_variant)
-    try:  # outputs graded by the other tau2 (or on another task set) are never resumed or compared
-        if report_path.exists():
-            check_same_benchmark(json.loads(report_path.read_text()).get("benchmark"), benchmark, str(report_path))
-    except BenchmarkMismatch as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    benchmark = run_benchmark(args.domain, split, eval_split, cfg.retrieval_variant)
     args.max_turns = cfg.max_turns
-    args.out.mkdir(parents=True, exist_ok=True)
     try:
-        report = run_stages(args, cfg, split, eval_split)
-    except StaleOutputError as e:
+        report = run_stages(args, cfg, split, eval_split, benchmark)
+    except (StaleOutputError, BenchmarkMismatch) as e:  # outputs of something else, or graded by another tau2
         print(f"error: {e}", file=sys.stderr)
         return 2
     except StageFailed as e:

@@ -37,11 +37,13 @@ from tau2_rl_pipeline.reward import (
     shaped_reward,
 )
 from tau2_rl_pipeline.rollout import ABORTED, ROLLOUT_STOPPED, TRUNCATED, Trajectory, run_episode
-from tau2_rl_pipeline.tasks import get_task
+from tau2_rl_pipeline.tasks import get_task, split_benchmark
+from tau2_rl_pipeline.tau2_version import BenchmarkMismatch, check_same_benchmark
 from tau2_rl_pipeline.users import make_user_factory
 
 logger = logging.getLogger(__name__)
 STORM_POLL_S = 0.5  # how often the asynchronous rollout looks whether an abort storm stopped the run
+TASK_INDEX_REMEDY = "write the task index again with this tau2 (python -m tau2_rl_pipeline.tasks)"
 
 
 def _slime() -> SimpleNamespace:
@@ -225,15 +227,21 @@ async def generate(args, sample, sampling_params: dict[str, Any], evaluation: bo
     Once slime aborts the rollout (it has enough groups), an episode sends no further turn and ends aborted; under
     slime's --partial-rollout it is kept (partial_rollout.py) and goes on from there when slime hands its sample
     back. Episodes that aborted for infrastructure reasons feed the abort-storm guard, which stops the run when
-    rollout after rollout is mostly aborted (the error names the first failure)."""
+    rollout after rollout is mostly aborted (the error names the first failure); a task-index row written with
+    another tau2 stops it at once (BenchmarkMismatch)."""
     slime = _slime()
     meta = sample.metadata or {}
     domain, task_id = meta["domain"], meta["task_id"]
-    task = get_task(domain, task_id, meta.get("split"))
     cfg = episode_config(args)
     guard = storm_guard(args, cfg)
+    try:  # prompt data written with another tau2 (or task set): the run stops, also the async one
+        check_same_benchmark(meta.get("benchmark"), split_benchmark(domain, meta["split"]),
+                             f"the task index row {sample.prompt!r}", TASK_INDEX_REMEDY)
+    except BenchmarkMismatch as e:
+        guard.stop(e)
     if guard.tripped is not None:
         raise guard.tripped
+    task = get_task(domain, task_id, meta["split"])
     tokenizer = _tokenizer(args.hf_checkpoint)
     engine = _engine(args.sglang_router_ip, int(args.sglang_router_port), in_flight_cap(args),
                      cfg.engine_max_retries, cfg.engine_timeout_s)

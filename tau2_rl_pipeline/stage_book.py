@@ -8,7 +8,9 @@ reaches exactly the stages it affects. Before a stage runs, `StageBook.plan` com
 - same settings, no result yet: run again, resuming what its own files allow (the evaluator's episode file,
   GRPO's last finished step);
 - other settings: its outputs are removed and it is redone, naming the settings that changed;
-- an output with no record (written by an older version, or by hand): refused with one line.
+- an output with no record (written by an older version, or by hand): refused with one line;
+- a book written on another tau2 version or task set (`tau2_version.benchmark_id`): refused with one line, before
+  anything runs, so an interrupted run is never resumed, nor its numbers reported, under the other benchmark.
 
 Pure bookkeeping plus file removal inside the output directory; the pipeline decides what a stage's outputs are.
 """
@@ -23,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from tau2_rl_pipeline.files import atomic_write_bytes
+from tau2_rl_pipeline.tau2_version import check_same_benchmark
 
 SKIP, RUN = "skip", "run"
 
@@ -47,10 +50,15 @@ def changed_settings(old: Mapping[str, Any], new: Mapping[str, Any], limit: int 
 
 
 class StageBook:
-    def __init__(self, out: Path):
+    def __init__(self, out: Path, benchmark: Mapping[str, str]):
+        """The book of `out`, for a run on `benchmark` (tau2 version and task-set hash, recorded with each stage);
+        raises tau2_version.BenchmarkMismatch when a stage was recorded on another one."""
         self.out = out
         self.path = out / "stages.json"
+        self.benchmark = dict(benchmark)
         self.records: dict[str, dict] = json.loads(self.path.read_text()) if self.path.exists() else {}
+        for record in self.records.values():
+            check_same_benchmark(record.get("benchmark"), self.benchmark, str(self.path))
 
     def plan(self, stage: str, settings: Mapping[str, Any], outputs: Sequence[Path],
              also_remove: Sequence[Path] = ()) -> Plan:
@@ -71,7 +79,7 @@ class StageBook:
             message = f"{stage}: unfinished with these settings: running it again (resuming what it can)"
         else:
             message = f"{stage}: running"
-        self.records[stage] = {"settings": settings, "result": None}
+        self.records[stage] = {"settings": settings, "result": None, "benchmark": self.benchmark}
         self._save()
         return Plan(RUN, message)
 

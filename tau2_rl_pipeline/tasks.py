@@ -3,9 +3,10 @@
     python -m tau2_rl_pipeline.tasks --local_dir outputs/tasks --domains airline,retail,telecom --splits train,test
 
 writes `{domain}_{split}_tasks.jsonl` and `tau2_{split}_all_tasks.jsonl`: one row per task,
-`{"input": ..., "metadata": {"domain", "split", "task_id", "task_index"}}`. The rollout builds the real
+`{"input": ..., "metadata": {"domain", "split", "task_id", "task_index", "benchmark"}}`. The rollout builds the real
 prompt from the metadata (the episode's system prompt, tools and conversation start), so `input` is only a
-short human-readable label; slime's `--input-key input --metadata-key metadata` read these rows.
+short human-readable label; slime's `--input-key input --metadata-key metadata` read these rows. `benchmark` (the
+tau2 version and the hash of the row's domain split) lets the rollout refuse an index written with another tau2.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import TYPE_CHECKING
 import tau2_rl_pipeline  # noqa: F401  (quiet logging, offline litellm before tau2 loads)
 from tau2_rl_pipeline.config import command_parser
 from tau2_rl_pipeline.files import atomic_write_bytes
-from tau2_rl_pipeline.tau2_version import DOMAINS, SPLITS, TASK_SETS, UNSUPPORTED
+from tau2_rl_pipeline.tau2_version import DOMAINS, SPLITS, TASK_SETS, UNSUPPORTED, VERSION, task_set_hash
 
 if TYPE_CHECKING:
     from tau2.data_model.tasks import Task
@@ -80,11 +81,23 @@ def get_task(domain: str, task_id: str, split: str | None = None) -> "Task":
         raise TaskLookupError(f"unknown task id {task_id!r} in {domain}/{split}; valid ids: {shown}") from None
 
 
+@functools.lru_cache(maxsize=None)
+def _split_hash(domain: str, split: str) -> str:
+    return task_set_hash({domain: load_tasks(domain, split)})
+
+
+def split_benchmark(domain: str, split: str) -> dict[str, str]:
+    """The installed tau2's version and the hash of one domain split's tasks (cached): what a task-index row records
+    and the rollout compares."""
+    return {"tau2_version": VERSION, "task_set_hash": _split_hash(domain, split)}
+
+
 def task_rows(domain: str, split: str) -> list[dict]:
     return [
         {
             "input": f"tau2 {domain} task {task.id}",
-            "metadata": {"domain": domain, "split": split, "task_id": task.id, "task_index": i},
+            "metadata": {"domain": domain, "split": split, "task_id": task.id, "task_index": i,
+                         "benchmark": split_benchmark(domain, split)},
         }
         for i, task in enumerate(load_tasks(domain, split))
     ]

@@ -268,18 +268,20 @@ def benchmark_id(tasks: Mapping[str, Sequence["Task"]],
     return bid
 
 
-def check_same_benchmark(stored: Mapping[str, Any] | None, current: Mapping[str, Any], what: str) -> None:
-    """Raise BenchmarkMismatch (one line) when `stored` was produced on another tau2 version or task set."""
+def check_same_benchmark(stored: Mapping[str, Any] | None, current: Mapping[str, Any], what: str,
+                         remedy: str = "use another output") -> None:
+    """Raise BenchmarkMismatch (one line, ending with `remedy`) when `stored` was produced on another tau2 version or
+    task set."""
     stored = stored or {}
     if stored.get("tau2_version") != current["tau2_version"]:
         raise BenchmarkMismatch(
             f"{what} was produced with tau2 {stored.get('tau2_version') or 'unknown'}, this run uses tau2 "
-            f"{current['tau2_version']}: results of two tau2 versions are not comparable; use another output")
+            f"{current['tau2_version']}: results of two tau2 versions are not comparable; {remedy}")
     if stored.get("task_set_hash") != current["task_set_hash"]:
         raise BenchmarkMismatch(
             f"{what} was produced on another task set (hash {stored.get('task_set_hash')} vs "
-            f"{current['task_set_hash']}): use another output")
+            f"{current['task_set_hash']}): {remedy}")
     if stored.get("retrieval_variant") != current.get("retrieval_variant"):
         raise BenchmarkMismatch(
             f"{what} was produced with banking_knowledge's retrieval variant {stored.get('retrieval_variant')}, this "
-            f"run uses {current.get('retrieval_variant')} (TAU2_RETRIEVAL_VARIANT): use another output")
+            f"run uses {current.get('retrieval_variant')} (TAU2_RETRIEVAL_VARIANT): {remedy}")

@@ -25,6 +25,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from task_sample import representative
 
 from tau2_rl_pipeline.rollout import turn_seed
 from tau2.data_model.simulation import Results
@@ -48,7 +49,8 @@ from tau2_rl_pipeline.engines import GenerateResult, SamplingParams
 from tau2_rl_pipeline.loopback_server import LoopbackServer
 from tau2_rl_pipeline.metrics import summarize
 from tau2_rl_pipeline.tasks import load_tasks
-from tau2_rl_pipeline.users import make_user_factory
+from tau2_rl_pipeline.tau2_version import V1, needs_judge
+from tau2_rl_pipeline.users import make_user_factory, opening_request
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 MOCK_IDS = [t.id for t in load_tasks("mock", "base")]
@@ -251,22 +253,44 @@ def test_sigkill_then_resume_equals_an_uninterrupted_run(tiny_engine, tiny_small
     assert resumed["metrics"] == json.loads(full.read_text())["metrics"]
 
 
-def test_two_rollout_processes_write_the_run_of_one(tiny_engine, tiny_small_dir: Path, tmp_path: Path) -> None:
+# Every mock task; two retail test tasks, on tau2 1.0.1 the first judged (tests/task_sample.py).
+RETAIL_TWO = representative(load_tasks("retail", "test"), 2)
+TWO_PROCS_CASES = {"mock": SMALL, "retail": [*SMALL[:2], "--domains", "retail", "--task-split", "test",
+                                             "--task-ids", ",".join(t.id for t in RETAIL_TWO), *SMALL[6:]]}
+
+
+def closes_judged_tasks(tokenizer):
+    """A responder: on a judged task the policy answers and the scripted user stops, so tau2 evaluates the episode
+    and its NL assertions go to the loopback judge (a tiny model's turns rarely end before max_new_tokens)."""
+    openings = [opening_request(t) for t in RETAIL_TWO if needs_judge(t)]
+    done = tokenizer.encode("Your order is updated." + tokenizer.eos_token, add_special_tokens=False)
+    return lambda path, ids: done if any(o in tokenizer.decode(ids) for o in openings) else None
+
+
+@pytest.mark.parametrize("domain", list(TWO_PROCS_CASES))
+def test_two_rollout_processes_write_the_run_of_one(domain: str, tiny_engine, tiny_small_dir: Path,
+                                                    tmp_path: Path) -> None:
     with LoopbackServer(tiny_engine) as server:
+        server.responder = closes_judged_tasks(tiny_engine.tokenizer)
         base = ["--backend", "sglang", "--sglang-url", server.base_url, "--hf-checkpoint", str(tiny_small_dir),
-                *SMALL, "--concurrency", "4", "--seed", "7"]
+                *TWO_PROCS_CASES[domain], "--concurrency", "4", "--seed", "7"]
         runs = {}
         for procs in ("1", "2"):
             runs[procs] = tmp_path / procs / "run.json"
             rc, _, err = run_cli(*base, "--procs", procs, "--output", str(runs[procs]))
             assert rc == 0, err
     one, two = (json.loads(runs[p].read_text()) for p in ("1", "2"))
-    assert two["settings"]["procs"] == 2 and two["episodes"]["ran_this_invocation"] == 2 * N_MOCK
-    lines = episode_lines(outputs(runs["2"], ["mock"])["episodes"])
-    assert len(lines) == len({episode_key(r) for r in lines}) == 2 * N_MOCK  # one writer: every episode once
-    assert ({k: outcome(r) for k, r in read_episodes(outputs(runs["2"], ["mock"])["episodes"]).items()}
-            == {k: outcome(r) for k, r in read_episodes(outputs(runs["1"], ["mock"])["episodes"]).items()})
+    n = 2 * one["metrics"]["domains"][domain]["n_tasks"]
+    assert n == 2 * (N_MOCK if domain == "mock" else 2) and two["episodes"]["ran_this_invocation"] == n
+    assert two["settings"]["procs"] == 2 and two["benchmark"] == one["benchmark"]
+    lines = episode_lines(outputs(runs["2"], [domain])["episodes"])
+    assert len(lines) == len({episode_key(r) for r in lines}) == n  # one writer: every episode once
+    assert ({k: outcome(r) for k, r in read_episodes(outputs(runs["2"], [domain])["episodes"]).items()}
+            == {k: outcome(r) for k, r in read_episodes(outputs(runs["1"], [domain])["episodes"]).items()})
     assert two["metrics"] == one["metrics"]
+    assert two["judge"] == one["judge"]  # NL-assertion judge calls and tokens, counted over both processes
+    if V1 and domain == "retail":  # the judged task was judged in the child processes too, once per episode
+        assert two["judge"]["usage_over_recorded_episodes"]["calls"] == 2
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -80,7 +80,7 @@ def _recorded_demo(out: Path, tiny_small_dir: Path, argv: list[str]) -> None:
     numbers = {"k": 1, "pass@1": metric, "pass^1": metric, "mean_partial": metric}
     history = [{"step": 1, "tasks": [], "episodes": 4, "raw_reward_mean": 0.5, "shaped_reward_mean": 0.6,
                 "success_rate": 0.5, "groups": 2, "groups_without_signal": 0, "trained_sequences": 4}]
-    book = StageBook(out)
+    book = StageBook(out, local_pipeline.run_benchmark("mock", "base", "base", cfg.retrieval_variant))
     for name in ("base", "sft", "rft", "grpo"):
         local_pipeline.eval_output(out, name).write_text("{}")
         results = {"sft": {"demonstrations": 9}, "rft": {"kept": 2},
@@ -111,6 +111,7 @@ def test_demo_runs_awsft_and_reports_it_beside_grpo(tiny_small_dir, tmp_path, ca
     (step,) = report["awsft"]["history"]
     assert step["trained_sequences"] == 4 and step["train_awsft_weight"] > 0  # every sample, none skipped
     assert report["awsft"]["grpo_tasks"]["tasks"] == 9
+    assert report["wall_s"] >= report["awsft"]["wall_s"] > 0  # the stages' times, this run's AWSFT among them
     assert (out / "awsft" / "model" / "config.json").is_file()
     logged = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["stage"] for r in logged] == ["awsft"] and logged[0]["awsft_weight"] > 0

@@ -1,9 +1,11 @@
-"""The local pipeline's reruns and report: each stage's output is recorded with the settings that made it (a rerun
-skips, resumes or redoes it, and says which), GRPO resumes at its last finished step with that step's curriculum,
-and the report counts the GRPO steps that had a learning signal.
+"""The local pipeline's reruns and report: each stage's output is recorded with the settings that made it and the
+tau2 benchmark it ran on (a rerun skips, resumes or redoes it, and says which; another tau2's outputs are refused),
+GRPO resumes at its last finished step with that step's curriculum, and the report counts the GRPO steps that had a
+learning signal.
 
 GRPO runs here for real (tiny model, real mock episodes and the scripted user) but small; the evaluations, which
-the pipeline runs as eval/eval_passk.py subprocesses, are covered by that CLI's own tests.
+the pipeline runs as eval/eval_passk.py subprocesses, are covered by that CLI's own tests. On tau2 1.0.1
+(tests/test_tau2_v1.py) the whole pipeline runs once, tiny, end to end.
 """
 
 from __future__ import annotations
@@ -17,8 +19,13 @@ import pytest
 from tau2_rl_pipeline.config import Tau2Config, config_from_args
 from tau2_rl_pipeline.demo_report import grpo_summary, summary_lines, write_charts
 from tau2_rl_pipeline.local_grpo import GrpoProgress, GrpoSettings, grpo_stage
-from tau2_rl_pipeline.local_pipeline import build_parser, main, stage_settings
+from tau2_rl_pipeline.local_pipeline import build_parser, main, run_benchmark, stage_settings
 from tau2_rl_pipeline.stage_book import RUN, SKIP, StageBook, StaleOutputError
+from tau2_rl_pipeline.tasks import load_tasks
+from tau2_rl_pipeline.tau2_version import V1, VERSION, BenchmarkMismatch, task_set_hash
+
+
+BENCHMARK = {"tau2_version": "0.0", "task_set_hash": "0" * 16}  # any: the book only records and compares it
 
 
 def settings_for(*argv: str) -> dict[str, dict]:
@@ -50,24 +57,24 @@ def test_a_setting_changes_the_stages_it_affects_and_no_earlier_one() -> None:
 def test_the_book_skips_resumes_redoes_and_refuses(tmp_path: Path) -> None:
     out = tmp_path / "demo"
     ckpt, partial = out / "sft", out / "eval" / "sft.json.episodes.jsonl"
-    book = StageBook(out)
+    book = StageBook(out, BENCHMARK)
     assert book.plan("sft", {"epochs": 40}, [ckpt]).message == "sft: running"
     ckpt.mkdir(parents=True)
-    assert StageBook(out).plan("sft", {"epochs": 40}, [ckpt]).message == (
+    assert StageBook(out, BENCHMARK).plan("sft", {"epochs": 40}, [ckpt]).message == (
         "sft: unfinished with these settings: running it again (resuming what it can)")
-    book = StageBook(out)
+    book = StageBook(out, BENCHMARK)
     book.plan("sft", {"epochs": 40}, [ckpt])
     book.finish("sft", {"loss": 0.5})
-    plan = StageBook(out).plan("sft", {"epochs": 40}, [ckpt])  # read back from stages.json: a rerun
+    plan = StageBook(out, BENCHMARK).plan("sft", {"epochs": 40}, [ckpt])  # read back from stages.json: a rerun
     assert plan.action == SKIP and plan.result == {"loss": 0.5} and "skipped" in plan.message
     partial.parent.mkdir()
     partial.write_text("{}\n")
-    plan = StageBook(out).plan("sft", {"epochs": 3}, [ckpt], [partial])
+    plan = StageBook(out, BENCHMARK).plan("sft", {"epochs": 3}, [ckpt], [partial])
     assert plan.action == RUN and plan.message == "sft: settings changed (epochs: 40 -> 3): redoing it"
     assert not ckpt.exists() and not partial.exists()  # the old run's outputs are gone, not relabelled
     (out / "rft").mkdir()
     with pytest.raises(StaleOutputError, match="no record of the settings"):
-        StageBook(out).plan("rft", {"epochs": 3}, [out / "rft"])
+        StageBook(out, BENCHMARK).plan("rft", {"epochs": 3}, [out / "rft"])
 
 
 def test_output_without_a_record_is_refused_in_one_line(tmp_path: Path, capsys) -> None:
@@ -77,6 +84,76 @@ def test_output_without_a_record_is_refused_in_one_line(tmp_path: Path, capsys) 
     lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert len(lines) == 1 and "no record of the settings" in lines[0] and "sft" in lines[0], lines
     assert sorted(p.name for p in (tmp_path / "demo").iterdir()) == ["sft"]  # nothing built or written
+
+
+def test_an_unfinished_run_on_another_tau2_is_refused_in_one_line(tmp_path: Path, capsys) -> None:
+    """A run stopped before its report (SFT done and evaluated) on the other tau2: resuming it would skip those
+    stages and report their numbers under this tau2's grading. Refused before anything is built or removed."""
+    out = tmp_path / "demo"
+    other = {"tau2_version": "26.3" if V1 else "1.0.1", "task_set_hash": "0123456789abcdef"}
+    book = StageBook(out, other)
+    for stage in ("sft", "eval sft"):
+        book.plan(stage, {"epochs": 40}, [])
+        book.finish(stage, {"loss": 0.5})
+    (out / "sft").mkdir()
+    recorded = (out / "stages.json").read_text()
+    assert main(["--out", str(out)]) == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith(f"error: {out / 'stages.json'} was produced with tau2 "
+                                                   f"{other['tau2_version']}, this run uses tau2 {VERSION}"), lines
+    assert sorted(p.name for p in out.iterdir()) == ["sft", "stages.json"]  # nothing built, nothing removed
+    assert (out / "stages.json").read_text() == recorded
+    mock = run_benchmark("mock", "base", "base", Tau2Config.from_env({}).retrieval_variant)
+    with pytest.raises(BenchmarkMismatch, match="another task set"):  # this tau2, other tasks
+        StageBook(out, other | {"task_set_hash": mock["task_set_hash"]})
+
+
+@pytest.mark.skipif(not V1, reason="tau2 1.0.1 only (tests/test_tau2_v1.py runs it there; CI runs the demo on 26.3)")
+def test_the_whole_pipeline_runs_on_tau2_1_0_1_and_records_it(tiny_small_dir: Path, tmp_path: Path,
+                                                               capsys) -> None:
+    """SFT, RFT, GRPO and AWSFT, each evaluated, tiny, on 1.0.1's mock tasks; a rerun skips every stage; the same
+    outputs as recorded by a 26.3 run are refused."""
+    out = tmp_path / "demo"
+    argv = ["--domain", "mock", "--model", str(tiny_small_dir), "--out", str(out), "--algorithm", "grpo,awsft",
+            "--sft-epochs", "1", "--rft-samples", "1", "--rft-epochs", "1", "--eval-samples", "1", "--grpo-steps",
+            "1", "--grpo-tasks-per-step", "2", "--grpo-n", "2", "--max-new-tokens", "8", "--max-turns", "1",
+            "--micro-batch-size", "8"]
+    assert main(argv) == 0, capsys.readouterr().err[-3000:]
+    tasks = load_tasks("mock", "base")
+    report = json.loads((out / "report.json").read_text())
+    assert report["benchmark"] == {"tau2_version": VERSION, "task_set_hash": task_set_hash({"mock": tasks * 2})}
+    assert VERSION.startswith("1.") and list(report["stages"]) == ["base", "sft", "rft", "grpo", "awsft"]
+    assert all(s["pass@1"]["n_tasks"] == len(tasks) for s in report["stages"].values())  # 1.0.1's 10 mock tasks
+    assert report["sft"]["demonstrations"] > 0 and report["grpo"]["steps"] == report["awsft"]["steps"] == 1
+    for name in ("base", "sft", "rft_samples", "rft", "grpo", "awsft"):  # every evaluation graded by 1.0.1
+        header = json.loads((out / "eval" / f"{name}.json.episodes.jsonl").open().readline())["header"]
+        assert header["benchmark"] == {"tau2_version": VERSION, "task_set_hash": task_set_hash({"mock": tasks})}
+        assert json.loads((out / "eval" / f"{name}.mock.tau2.json").read_text())["benchmark"] == header["benchmark"]
+    capsys.readouterr()
+    assert main(argv) == 0  # resumed: everything done with these settings on this benchmark
+    skipped = [line for line in capsys.readouterr().err.splitlines() if "done with these settings, skipped" in line]
+    assert len(skipped) == 9  # the base evaluation, then sft, rft, grpo and awsft, each with its evaluation
+
+    records = json.loads((out / "stages.json").read_text())
+    for record in records.values():  # as a run on tau2 26.3 would have recorded them
+        record["benchmark"] = {"tau2_version": "26.3", "task_set_hash": "0123456789abcdef"}
+    (out / "stages.json").write_text(json.dumps(records))
+    assert main(argv) == 2
+    assert capsys.readouterr().err.strip().endswith(
+        f"was produced with tau2 26.3, this run uses tau2 {VERSION}: results of two tau2 versions are not "
+        "comparable; use another output")
+    assert (out / "sft" / "config.json").is_file() and (out / "report.json").is_file()  # nothing removed
+
+
+@pytest.mark.skipif(not V1, reason="tau2 1.0.1 only: 26.3's retail has no judged task (tests/test_tau2_v1.py runs it)")
+def test_a_judged_domain_without_a_reachable_judge_is_one_line_before_any_work(tmp_path: Path, capsys,
+                                                                                 monkeypatch) -> None:
+    for name in ("TAU2_JUDGE_API_BASE", "TAU2_JUDGE_MODEL", "OPENAI_API_KEY"):  # tau2's default judge, no key
+        monkeypatch.delenv(name, raising=False)
+    assert main(["--domain", "retail", "--out", str(tmp_path / "d")]) == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: tau2's NL-assertion judge") and "OPENAI_API_KEY" in lines[0]
+    assert not (tmp_path / "d").exists()  # no tokenizer, model or evaluation started
 
 
 def test_a_bad_tau2_value_is_one_line_not_a_traceback(tmp_path: Path, capsys, monkeypatch) -> None:

@@ -14,6 +14,7 @@ from eval.shards import ShardError, run_sharded, split
 from tau2_rl_pipeline.config import Tau2Config
 from tau2_rl_pipeline.engines import SamplingParams, SGLangEngine
 from tau2_rl_pipeline.loopback_server import LoopbackServer
+from tau2_rl_pipeline.tasks import load_tasks
 from tau2_rl_pipeline.users import make_user_factory
 
 CFG = Tau2Config.from_env({}, max_turns=3, episode_workers=0)
@@ -56,7 +57,7 @@ def test_two_rollout_processes_give_the_records_of_one(tiny_engine):
         run_sharded(pending, procs=2, sglang_url=server.base_url, tokenizer=tiny_engine.tokenizer,
                     user_kind="scripted", cfg=CFG, sampling=sampling, seed=7, concurrency=4, on_done=on_done)
     key = lambda r: (r["domain"], r["task_id"], r["sample"])  # noqa: E731
-    assert len(sharded) == len(alone) == len(pending) == 18
+    assert len(sharded) == len(alone) == len(pending) == 2 * len(load_tasks("mock", "base"))
     assert {key(r): _outcome(r) for r in sharded} == {key(r): _outcome(r) for r in alone}
     assert max(children) == 2  # both shards were alive in their own processes
 

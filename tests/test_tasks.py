@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from tau2_rl_pipeline.tasks import TaskLookupError, get_task, load_tasks, write_task_index
-from tau2_rl_pipeline.tau2_version import V1
+from tau2_rl_pipeline.tau2_version import V1, VERSION, task_set_hash
 
 
 def test_task_index_rows_and_metadata(tmp_path):
@@ -18,8 +18,10 @@ def test_task_index_rows_and_metadata(tmp_path):
             rows = [json.loads(line) for line in (tmp_path / f"{domain}_{split}_tasks.jsonl").read_text().splitlines()]
             assert len(rows) == n == counts[f"{domain}_{split}_tasks.jsonl"]
             ids = [t.id for t in load_tasks(domain, split)]
+            benchmark = {"tau2_version": VERSION, "task_set_hash": task_set_hash({domain: load_tasks(domain, split)})}
             for i, row in enumerate(rows):
-                assert row["metadata"] == {"domain": domain, "split": split, "task_id": ids[i], "task_index": i}
+                assert row["metadata"] == {"domain": domain, "split": split, "task_id": ids[i], "task_index": i,
+                                           "benchmark": benchmark}
                 assert isinstance(row["input"], str) and row["input"]
         all_rows = (tmp_path / f"tau2_{split}_all_tasks.jsonl").read_text().splitlines()
         assert len(all_rows) == sum(per_domain.values())

@@ -10,8 +10,10 @@ missing, every test here is left out and test_tier_present.py says, in one skip 
 
 from __future__ import annotations
 
+import gc
 from pathlib import Path
 
+import pytest
 from contract_tier import MISSING
 
 
@@ -19,3 +21,21 @@ def pytest_ignore_collect(collection_path: Path, config) -> bool | None:
     if MISSING is not None and collection_path.suffix == ".py" and collection_path.name != "test_tier_present.py":
         return True
     return None
+
+
+@pytest.fixture
+def slime_env(monkeypatch, loopback, tmp_path):
+    """The adapter's settings as a stage script exports them; the user simulator is the loopback server."""
+    from slime_harness import reset_slime
+
+    monkeypatch.setenv("TAU2_USER_MODEL", "openai/tiny")
+    monkeypatch.setenv("TAU2_USER_API_BASE", loopback.base_url + "/v1")
+    monkeypatch.setenv("TAU2_USER_MAX_RETRIES", "0")
+    monkeypatch.setenv("TAU2_MAX_TURNS", "4")
+    monkeypatch.setenv("TAU2_CURRICULUM_STATE_PATH", str(tmp_path / "curriculum.json"))
+    reset_slime()
+    thresholds = gc.get_threshold()
+    yield
+    reset_slime()  # before the loopback server goes: slime's async worker drains its episodes against it
+    gc.unfreeze()  # the adapter's first episode settles the heap (gc_policy.settle): give it back as it was
+    gc.set_threshold(*thresholds)

@@ -24,22 +24,6 @@ STOP = "###STOP###"
 ASYNC_ROLLOUT = "tau2_rl_pipeline.slime_adapter.generate_rollout_fully_async"
 
 
-@pytest.fixture
-def slime_env(monkeypatch, loopback, tmp_path):
-    """The adapter's settings as a stage script exports them; the user simulator is the loopback server."""
-    monkeypatch.setenv("TAU2_USER_MODEL", "openai/tiny")
-    monkeypatch.setenv("TAU2_USER_API_BASE", loopback.base_url + "/v1")
-    monkeypatch.setenv("TAU2_USER_MAX_RETRIES", "0")
-    monkeypatch.setenv("TAU2_MAX_TURNS", "4")
-    monkeypatch.setenv("TAU2_CURRICULUM_STATE_PATH", str(tmp_path / "curriculum.json"))
-    reset_slime()
-    thresholds = gc.get_threshold()
-    yield
-    reset_slime()  # before the loopback server goes: slime's async worker drains its episodes against it
-    gc.unfreeze()  # the adapter's first episode settles the heap (gc_policy.settle): give it back as it was
-    gc.set_threshold(*thresholds)
-
-
 class Script:
     """Deterministic policy and user: the policy calls the task's gold tool, then confirms; the user states
     which task it is, then stops once the agent has confirmed. `tool_ids` and `done_ids` are the policy's two
