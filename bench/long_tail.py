@@ -143,9 +143,11 @@ def register_rows(turns: list[int]) -> list[dict]:
             "instructions": f"{template.user_scenario.instructions} {row_mark(row, n)}"})
         copies.append(template.model_copy(update={"id": f"long_tail_{row:03d}", "user_scenario": scenario}))
     registry._tasks["mock"] = lambda split=None: [*original(split), *copies]  # tau2 refuses a second register
-    tasks._load.cache_clear()
-    tasks._index.cache_clear()
-    return [{"input": f"long-tail row {row}", "metadata": {"domain": "mock", "split": "base", "task_id": t.id}}
+    for cached in (tasks._load, tasks._index, tasks._split_hash):
+        cached.cache_clear()
+    benchmark = tasks.split_benchmark("mock", "base")  # the task set with the copies, as the rollout checks it
+    return [{"input": f"long-tail row {row}",
+             "metadata": {"domain": "mock", "split": "base", "task_id": t.id, "benchmark": benchmark}}
             for row, t in enumerate(copies)]
 
 

@@ -14,7 +14,7 @@ import time
 
 import pytest
 from slime_harness import flat, prompt_rows, rollout, slime_args, train_data
-from test_slime_rollout import ASYNC_ROLLOUT, STOP, Script, slime_env  # noqa: F401  (slime_env: a fixture)
+from test_slime_rollout import ASYNC_ROLLOUT, STOP, Script
 
 from tau2_rl_pipeline.partial_rollout import LiveEpisodes, sample_key
 from tau2_rl_pipeline.slime_adapter import live_episodes
