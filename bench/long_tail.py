@@ -34,11 +34,15 @@ Modes, each from a fresh slime state and data source over the same rows:
   sync          --rollout-batch-size groups submitted, the step waits for all of them;
   over-sampling --over-sampling-batch-size 2x: the first groups to finish fill the batch, slime aborts the rest
                 (the project's generate ends them at once) and drops them: their prompts are never trained on;
-  partial       the same plus --partial-rollout: aborted groups go back to slime's buffer and come first next
-                step. The project's generate restarts an aborted episode from its first turn (nothing off-policy
-                is kept, slime_adapter.fill_sample), so the turns an abort cuts are thrown away in both modes;
-                what partial rollout keeps is the prompts and the samples of a group that had completed.
+  partial-restart  the same plus --partial-rollout, with TAU2_PARTIAL_RESUME=0: aborted groups go back to slime's
+                buffer and come first next step, and the project's generate starts a cut episode again from its
+                first turn (what it did before episodes were resumed): the turns the abort cut are thrown away
+                when it does; what partial rollout keeps is the prompts and the samples of a group that had
+                completed;
+  partial       --partial-rollout as the stage script runs it (TAU2_PARTIAL_RESUME=1, the default): a cut episode
+                goes on where it was cut when slime hands it back (tau2_rl_pipeline/partial_rollout.py).
 Steady state of partial rollout: the mean of its steps after the first (which starts with an empty buffer).
+A turn in the books is one policy request: a turn cut in flight and its continuation count as two.
 Exits 0 and prints two markdown tables (walls side by side, then the books); 1 with one line if slime's sources
 or the contract tier's packages are missing.
 """
@@ -67,7 +71,7 @@ from long_tail_server import row_mark  # noqa: E402
 
 TEMPLATE_TASK = "create_task_1"
 GOLD_DOMAINS = ("airline", "retail", "telecom")
-MODES = ("sync", "over-sampling", "partial")
+MODES = ("sync", "over-sampling", "partial-restart", "partial")
 SERVER = Path(__file__).resolve().parent / "long_tail_server.py"
 
 
@@ -139,62 +143,76 @@ def register_rows(turns: list[int]) -> list[dict]:
             "instructions": f"{template.user_scenario.instructions} {row_mark(row, n)}"})
         copies.append(template.model_copy(update={"id": f"long_tail_{row:03d}", "user_scenario": scenario}))
     registry._tasks["mock"] = lambda split=None: [*original(split), *copies]  # tau2 refuses a second register
-    tasks._load.cache_clear()
-    tasks._index.cache_clear()
-    tasks._split_hash.cache_clear()
-    benchmark = tasks.split_benchmark("mock", "base")  # of the task set with the copies, as the rollout computes it
+    for cached in (tasks._load, tasks._index, tasks._split_hash):
+        cached.cache_clear()
+    benchmark = tasks.split_benchmark("mock", "base")  # the task set with the copies, as the rollout checks it
     return [{"input": f"long-tail row {row}",
              "metadata": {"domain": "mock", "split": "base", "task_id": t.id, "benchmark": benchmark}}
             for row, t in enumerate(copies)]
 
 
 def recording_source(args):
-    """slime's RolloutDataSourceWithBuffer that remembers every group it hands out in the current step, with what
-    each sample held then (a sample the adapter rewrites gets a new metadata dict: that is how a run is seen), and
-    how often each prompt (group index) has been handed out in all."""
+    """slime's RolloutDataSourceWithBuffer that remembers every sample it hands out in the current step, with what it
+    held then (a sample the adapter rewrites gets a new metadata dict: that is how a run is seen; its policy requests
+    so far: one weight version each), and how often each prompt (group index) has been handed out in all."""
     from slime.rollout.data_source import RolloutDataSourceWithBuffer
 
     class Recording(RolloutDataSourceWithBuffer):
         def __init__(self, args) -> None:
             super().__init__(args)
-            self.handed: list[tuple[object, object]] = []
+            self.handed: list[tuple[object, object, int]] = []
             self.times_handed: Counter[int] = Counter()
 
         def get_samples(self, num_samples: int):
             groups = super().get_samples(num_samples)
-            self.handed.extend((s, s.metadata) for g in groups for s in g)
+            self.handed.extend((s, s.metadata, requests(s)) for g in groups for s in g)
             self.times_handed.update(g[0].group_index for g in groups)
             return groups
 
     return Recording(args)
 
 
-def step_counts(handed: list, batch: list, kept: set[int]) -> dict:
-    """One step's books. Every episode run this step is trained now, cut by slime's abort (its turns thrown away:
-    the project's generate restarts it if it comes back), or finished in a group that did not make the batch: kept
-    when its group went back to slime's buffer (`kept`: group indices, --partial-rollout) and trained in a later
-    step, else thrown away. Prompts handed out are trained, back in the buffer, or dropped: without
-    --partial-rollout every group past the batch; with it, a group that finished in the same wake-up as the one
-    that filled the batch (slime/rollout/sglang_rollout.py:439-441 keeps neither)."""
+def requests(sample) -> int:
+    """The policy requests a sample's episode has made (the adapter books one weight version per request)."""
+    return len(sample.weight_versions or ())
+
+
+def step_counts(handed: list, batch: list, kept: set[int], buffered: list) -> dict:
+    """One step's books, in policy requests ("turns"). Every episode run this step is trained now, cut by slime's
+    abort, or finished in a group that did not make the batch. A cut episode's turns are thrown away when its group
+    is dropped (no --partial-rollout) or when it is started again after slime hands it back (TAU2_PARTIAL_RESUME=0);
+    resumed, they are trained with it. A finished episode outside the batch is kept when its group went back to
+    slime's buffer (`kept`: group indices, --partial-rollout) and trained in a later step, else thrown away. Turns in
+    the buffer at the end (`buffered`: its samples) are neither. Prompts handed out are trained, back in the buffer,
+    or dropped: without --partial-rollout every group past the batch; with it, a group that finished in the same
+    wake-up as the one that filled the batch (slime/rollout/sglang_rollout.py:439-441 keeps neither)."""
     in_batch = {id(s) for s in batch}
-    ran = [s for s, before in handed if s.metadata is not before]
-    ran_ids = {id(s) for s in ran}
-    cut = [s for s in ran if s.status.name == "ABORTED"]
-    finished_out = [s for s in ran if s.status.name != "ABORTED" and id(s) not in in_batch]
+    ran = [(s, before, r) for s, before, r in handed if s.metadata is not before]
+    continued = [(s, r) for s, before, r in ran if s.metadata.get("resumes", 0) > (before or {}).get("resumes", 0)]
+    restarted_turns = sum(r for s, before, r in ran if r and s.metadata.get("resumes", 0) == 0)
+    ran_ids = {id(s) for s, _, _ in ran}
+    cut = [s for s, _, _ in ran if s.status.name == "ABORTED"]
+    finished_out = [s for s, _, _ in ran if s.status.name != "ABORTED" and id(s) not in in_batch]
+    lost = [s for s in cut + finished_out if s.group_index not in kept]
 
-    def turns(samples) -> int:
-        return sum(int((s.metadata or {}).get("turns", 0)) for s in samples)
-
-    groups = {s.group_index for s, _ in handed}
+    groups = {s.group_index for s, _, _ in handed}
     trained_groups = {s.group_index for s in batch}
     return {
         "episodes_run": len(ran), "episodes_trained": len(batch),
         "episodes_trained_from_earlier_steps": sum(id(s) not in ran_ids for s in batch),
+        "episodes_continued": len(continued),
+        "episodes_run_after_a_cut": sum((before or {}).get("termination_reason") == "rollout_stopped"
+                                        for _, before, _ in ran),
         "episodes_cut": len(cut), "episodes_finished_not_trained": len(finished_out),
         "episodes_finished_thrown_away": sum(s.group_index not in kept for s in finished_out),
         "episodes_truncated": sum(s.status.name == "TRUNCATED" for s in batch),
-        "turns_run": turns(ran), "turns_trained": turns(batch),
-        "turns_thrown_away": turns(cut) + turns([s for s in finished_out if s.group_index not in kept]),
+        "turns_run": sum(requests(s) for s, _, _ in ran) - sum(r for _, r in continued),
+        "turns_trained": sum(requests(s) for s in batch),
+        # sampled in an earlier step (older weights): what --mask-offpolicy-in-partial-rollout takes out of the loss
+        "turns_trained_from_earlier_steps": sum(requests(s) for s in batch if id(s) not in ran_ids)
+        + sum(r for s, r in continued if id(s) in in_batch),
+        "turns_thrown_away": sum(requests(s) for s in lost) + restarted_turns,
+        "turns_in_buffer": sum(requests(s) for s in buffered),
         "prompt_hand_outs": len(groups), "prompts_trained": len(trained_groups),
         "prompts_dropped": len(groups - trained_groups - kept), "prompts_in_buffer": len(kept),
         "trained": [[s.metadata["task_id"], s.metadata["turns"], s.status.name] for s in batch],
@@ -209,8 +227,9 @@ def run_mode(mode: str, cfg: argparse.Namespace, model_dir: Path, rows_path: Pat
     extra = []
     if mode != "sync":
         extra += ["--over-sampling-batch-size", str(cfg.groups * cfg.over_sampling)]
-    if mode == "partial":
+    if mode.startswith("partial"):
         extra += ["--partial-rollout"]
+    os.environ["TAU2_PARTIAL_RESUME"] = "0" if mode == "partial-restart" else "1"
     reset_slime()
     server_cpu = server.ask("reset")["cpu_s"]
     args = slime_args(model_dir, rows_path, server.router, batch=cfg.groups, n=cfg.samples, extra=tuple(extra))
@@ -222,7 +241,8 @@ def run_mode(mode: str, cfg: argparse.Namespace, model_dir: Path, rows_path: Pat
         t0 = time.perf_counter()
         output, _ = rollout(args, step, source)
         wall = time.perf_counter() - t0
-        counts = step_counts(source.handed, flat(output.samples), {g[0].group_index for g in source.buffer})
+        counts = step_counts(source.handed, flat(output.samples), {g[0].group_index for g in source.buffer},
+                             [s for g in source.buffer for s in g])
         steps.append({"wall_s": wall, **counts})
         print(f"[long_tail] {mode:13s} step {step + 1}/{cfg.steps}: {wall:6.2f} s, {counts['episodes_run']} "
               f"episodes run, {counts['episodes_cut']} cut by the abort, {counts['turns_run']} turns", file=sys.stderr,
@@ -230,11 +250,13 @@ def run_mode(mode: str, cfg: argparse.Namespace, model_dir: Path, rows_path: Pat
     own_cpu = time.process_time() - own_cpu
     served = server.ask("stats")
     reset_slime()
-    measured = steps[1:] if mode == "partial" and len(steps) > 1 else steps
-    totals = {k: sum(s[k] for s in steps) for k in steps[0] if k not in ("wall_s", "prompts_in_buffer", "trained")}
+    measured = steps[1:] if mode.startswith("partial") and len(steps) > 1 else steps
+    totals = {k: sum(s[k] for s in steps) for k in steps[0]
+              if k not in ("wall_s", "prompts_in_buffer", "turns_in_buffer", "trained")}
     return {"mode": mode, "steps": steps, "measured_steps": len(measured),
             "wall_s_per_step": statistics.fmean(s["wall_s"] for s in measured), **totals,
             "prompts_in_buffer_at_end": steps[-1]["prompts_in_buffer"],
+            "turns_in_buffer_at_end": steps[-1]["turns_in_buffer"],
             "most_hand_outs_of_one_prompt": max(source.times_handed.values()),
             "hand_outs_of_prompts_left_in_buffer": sorted((source.times_handed[g[0].group_index]
                                                            for g in source.buffer), reverse=True),
@@ -251,9 +273,10 @@ def build_model(out: Path) -> Path:
 
 WALL_COLUMNS = ("mode", "steps measured", "wall per step (mean)", "vs sync", "walls of each step",
                 "CPU per step: rollout process / model server")
-BOOK_COLUMNS = ("mode", "episodes run", "trained (from earlier steps)", "cut by the abort",
+BOOK_COLUMNS = ("mode", "episodes run (continued)", "trained (from earlier steps)", "cut by the abort",
                 "finished, group not trained (thrown away)", "tail episodes", "truncated in batch", "policy turns run",
-                "turns trained", "turns thrown away", "mean turns per trained episode", "prompt hand-outs",
+                "turns trained (sampled in an earlier step)", "turns thrown away", "turns in the buffer at end", "mean turns per trained episode",
+                "prompt hand-outs",
                 "trained / dropped / back to buffer at end",
                 "most hand-outs of one prompt (of each left in the buffer)")
 
@@ -274,10 +297,13 @@ def table(results: list[dict], cfg: argparse.Namespace) -> str:
                       f"{r['bench_cpu_s'] / n:.2f} s / {r['server_cpu_s'] / n:.2f} s"])
         left = " ".join(map(str, r["hand_outs_of_prompts_left_in_buffer"]))
         books.append([
-            r["mode"], str(r["episodes_run"]), f"{r['episodes_trained']} ({r['episodes_trained_from_earlier_steps']})",
+            r["mode"], f"{r['episodes_run']} ({r['episodes_continued']})",
+            f"{r['episodes_trained']} ({r['episodes_trained_from_earlier_steps']})",
             str(r["episodes_cut"]), f"{r['episodes_finished_not_trained']} ({r['episodes_finished_thrown_away']})",
-            str(r["tail_episodes"]), str(r["episodes_truncated"]), str(r["turns_run"]), str(r["turns_trained"]),
-            str(r["turns_thrown_away"]), f"{r['turns_trained'] / max(1, r['episodes_trained']):.1f}",
+            str(r["tail_episodes"]), str(r["episodes_truncated"]), str(r["turns_run"]),
+            f"{r['turns_trained']} ({r['turns_trained_from_earlier_steps']})",
+            str(r["turns_thrown_away"]), str(r["turns_in_buffer_at_end"]),
+            f"{r['turns_trained'] / max(1, r['episodes_trained']):.1f}",
             str(r["prompt_hand_outs"]),
             f"{r['prompts_trained']} / {r['prompts_dropped']} / {r['prompts_in_buffer_at_end']}",
             f"{r['most_hand_outs_of_one_prompt']}" + (f" ({left})" if left else "")])

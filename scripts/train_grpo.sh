@@ -16,7 +16,8 @@
 #   GRPO_PARTIAL_ROLLOUT=1       --partial-rollout --mask-offpolicy-in-partial-rollout: episodes cut by slime's
 #                                abort at a weight update go back to slime's buffer instead of being lost, and no
 #                                token sampled by older weights is trained (slime masks a returned sample's old
-#                                response; our generate plays a returned episode again from its start)
+#                                response; our generate goes on with the episode where it was cut, its earlier
+#                                turns kept and masked: TAU2_PARTIAL_RESUME)
 #   GRPO_USE_TIS=1               --use-tis: truncated importance sampling with the rollout log-probs our generate
 #                                keeps, correcting for samples drawn by a policy one step behind
 # Starts from GRPO_INIT_DIR's weights at rollout 0 without its optimizer state, with the same checkpoint as the KL

@@ -117,6 +117,9 @@ class Tau2Config:
     abort_storm_patience: int = field(default=2, metadata=_meta(
         "slime runs: consecutive abort-storm rollouts tolerated; one more stops the run with the first error "
         "recorded (instead of training on empty masks)", min_value=0))
+    partial_resume: bool = field(default=True, metadata=_meta(
+        "slime runs with --partial-rollout: an episode cut by slime's end-of-rollout abort goes on where it was cut "
+        "when slime hands its sample back (tau2 state, tokens and log-probs kept); off = it starts again"))
     # -- reward shaping (reward.py) ---------------------------------------------------------------
     use_partial_credit: bool = field(default=True, metadata=_meta(
         "add alpha * partial score to the task reward; off = no partial-score term"))

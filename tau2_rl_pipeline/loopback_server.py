@@ -153,6 +153,9 @@ class LoopbackServer:
     a prompt shares with a recent one, as SGLang's prefix cache reports it; `custom_params`
     `{"return_top_p_token_ids": true}` returns each sampled token's top-p nucleus (slime's top-p replay).
 
+    `weight_version` is what every answer reports as the weights' version (SGLang's `meta_info.weight_version`,
+    which slime sets at each weight update); set it to stand for an update between rollouts.
+
     `chat_answer(body) -> str | None`, when set, gives the text of a `/v1/chat/completions` answer instead (e.g. a
     judge's verdict, which a tiny model cannot give); None falls through to the responder, the script or the model.
     """
@@ -169,6 +172,7 @@ class LoopbackServer:
         self.tokenizer = engine.tokenizer
         self.model_name = model_name
         self.latency_s = latency_s
+        self.weight_version = "default"
         self.default_max_tokens = default_max_tokens
         self.faults = FaultPlan(hang_s=hang_s)
         self.requests: list[tuple[str, Any]] = []
@@ -323,7 +327,7 @@ class LoopbackServer:
             if task not in self._aborted:
                 raise
             meta = {"id": uuid.uuid4().hex, "finish_reason": {"type": "abort", "message": "Abort before prefill"},
-                    "prompt_tokens": 0, "completion_tokens": 0, "cached_tokens": 0, "weight_version": "default",
+                    "prompt_tokens": 0, "completion_tokens": 0, "cached_tokens": 0, "weight_version": self.weight_version,
                     "output_token_logprobs": []}
             return web.json_response({"text": "", "output_ids": [], "meta_info": meta})
         finally:
@@ -378,7 +382,7 @@ class LoopbackServer:
             finish = {"type": "length", "length": len(result.output_ids)}
         meta: dict[str, Any] = {
             "id": uuid.uuid4().hex, "finish_reason": finish, "prompt_tokens": len(input_ids),
-            "completion_tokens": len(result.output_ids), "cached_tokens": cached, "weight_version": "default"}
+            "completion_tokens": len(result.output_ids), "cached_tokens": cached, "weight_version": self.weight_version}
         if (params.get("custom_params") or {}).get("return_top_p_token_ids"):
             spans = await asyncio.to_thread(self.engine.top_p_spans, input_ids, result.output_ids, sampling)
             meta["top_p_token_ids"], meta["top_p_token_offsets"] = spans.ids, spans.offsets
@@ -454,7 +458,7 @@ class LoopbackServer:
 
     async def _model_info(self, request: web.Request) -> web.StreamResponse:
         return web.json_response({"model_path": self.model_name, "tokenizer_path": self.model_name,
-                                  "is_generation": True, "weight_version": "default"})
+                                  "is_generation": True, "weight_version": self.weight_version})
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -15,6 +15,10 @@ hundreds of episodes can be in flight on one event loop; with the scripted user 
 milliseconds of CPU, and `episode_workers=0` runs it on the loop itself, sparing the thread hops and the GIL
 hand-offs that otherwise stall the loop (bench/README.md, P2). An asynchronous user (user_client.py) has its
 turns run on the loop whatever `episode_workers` says: its model call is awaited there, not blocked on.
+
+An episode stopped by its caller (slime's end-of-rollout abort) returns its live state with the trajectory
+(`Trajectory.live`): handed back as `resume=`, the same episode goes on from where it was cut (a turn the abort cut
+mid-way is continued from its last sampled token), its earlier tokens, log-probs and per-request meta kept.
 """
 
 from __future__ import annotations
@@ -74,6 +78,8 @@ class Trajectory:
     judge_score: float | None = None  # an LLM judge's rubric score in [0, 1] (TAU2_USE_JUDGE), else None
     judge_calls: int = 0  # rubric-judge requests made for this episode, retries included (TAU2_USE_JUDGE)
     judge: dict[str, int] = field(default_factory=dict)  # NL-assertion judge calls and tokens (tau2 1.0.1)
+    resumes: int = 0  # times this episode went on after its caller had stopped it (slime's partial rollout)
+    live: LiveEpisode | None = None  # the episode's state when its caller stopped it: pass as resume= to go on
 
     @property
     def response_length(self) -> int:
@@ -153,6 +159,27 @@ class _Clock:
         self.totals[key] = self.totals.get(key, 0.0) + seconds
 
 
+@dataclass
+class LiveEpisode:
+    """An episode its caller stopped, with all it needs to go on: the tau2 conversation (environment, user
+    simulator, messages), the token book, the turn count and the meta of every request so far."""
+
+    episode: Episode
+    system: dict
+    buf: TokenBuffer
+    asynchronous: bool  # the user's turns are awaited on the loop (user_client.py)
+    turns: int = 0
+    turn_meta: list[dict] = field(default_factory=list)
+    clock: _Clock = field(default_factory=_Clock)
+    open_turn: list[int] | None = None  # ids of a turn the abort cut mid-way (maybe none yet): continued on resume
+    resumes: int = 0
+
+    def mask_earlier(self) -> None:
+        """Out of the loss: every response token so far (slime's --mask-offpolicy-in-partial-rollout, which masks
+        a returned sample's earlier response: it was sampled by older weights)."""
+        self.buf.loss_mask = (0,) * len(self.buf.loss_mask)
+
+
 async def run_episode(
     domain: str,
     task: Task,
@@ -165,11 +192,14 @@ async def run_episode(
     environment: Environment | None = None,
     executor: Executor | None = None,
     stop_requested: Callable[[], bool] | None = None,
+    resume: LiveEpisode | None = None,
 ) -> Trajectory:
     """One episode; `stop_requested()` is asked before every policy turn (slime's end-of-rollout abort): when it
-    says yes, the episode ends aborted there instead of sending another request."""
+    says yes, the episode ends aborted there instead of sending another request, and `Trajectory.live` holds it.
+    With `resume` (a `live` of an earlier call), that episode goes on instead (`user` and `environment` unused)."""
     executor = executor if executor is not None else shared_executor(cfg.episode_workers)
-    clock = _Clock()
+    live = resume
+    clock = live.clock if live is not None else _Clock()
     t_start = time.perf_counter()
 
     async def blocking(key: str, fn, *args):
@@ -182,16 +212,19 @@ async def run_episode(
     if needs_judge(task):
         judge.configure(cfg)  # tau2 1.0.1's NL assertions: this run's judge (kept when already installed)
     template = observation_template(tokenizer)
-    episode = await blocking("env_s", lambda: Episode(domain, task, user, max_steps=cfg.max_steps,
-                                                       max_errors=cfg.max_errors, environment=environment,
-                                                       fast=cfg.fast_env, retrieval_variant=cfg.retrieval_variant))
-    system = {"role": "system", "content": episode.system_prompt}
-    buf = TokenBuffer()
-    status, reason, error, turns = COMPLETED, None, None, 0
-    turn_meta: list[dict] = []
-    if sampling.seed is not None and user is not None:
-        user.set_seed(sampling.seed)  # as tau2's orchestrator seeds its user with the simulation's seed
-    asynchronous = callable(getattr(user, "agenerate_next_message", None))
+    status, reason, error = COMPLETED, None, None
+    if live is None:
+        episode = await blocking("env_s", lambda: Episode(domain, task, user, max_steps=cfg.max_steps,
+                                                           max_errors=cfg.max_errors, environment=environment,
+                                                           fast=cfg.fast_env,
+                                                           retrieval_variant=cfg.retrieval_variant))
+        if sampling.seed is not None and user is not None:
+            user.set_seed(sampling.seed)  # as tau2's orchestrator seeds its user with the simulation's seed
+        live = LiveEpisode(episode, {"role": "system", "content": episode.system_prompt}, TokenBuffer(),
+                           callable(getattr(user, "agenerate_next_message", None)), clock=clock)
+    else:
+        live.resumes += 1
+    episode, system, buf, asynchronous = live.episode, live.system, live.buf, live.asynchronous
 
     async def on_loop(key: str, coro_fn, *args):
         """An asynchronous user's turn: awaited here (its model call), the rest of the work on the loop."""
@@ -203,12 +236,17 @@ async def run_episode(
             clock.add(key, time.perf_counter() - t0)
 
     try:
-        view = await (on_loop("env_s", episode.astart) if asynchronous else blocking("env_s", episode.start))
-        buf.set_prompt(await blocking("tokenize_s", template.first_prompt_ids, [system, *view], episode.tools))
+        if not buf.prompt_ids:
+            view = await (on_loop("env_s", episode.astart) if asynchronous else blocking("env_s", episode.start))
+            buf.set_prompt(await blocking("tokenize_s", template.first_prompt_ids, [system, *view], episode.tools))
         while not episode.done:
             room = cfg.max_context_len - len(buf)
-            if turns >= cfg.max_turns or room <= 0:
-                status, reason = TRUNCATED, ("max_turns" if turns >= cfg.max_turns else "max_context_len")
+            cut = live.open_turn  # None, or the ids a cut turn has so far: this request continues that turn
+            if (cut is None and live.turns >= cfg.max_turns) or room <= 0:
+                status, reason = TRUNCATED, ("max_context_len" if room <= 0 else "max_turns")
+                break
+            if cut is not None and len(cut) >= sampling.max_new_tokens:  # the cut turn had used all its tokens
+                status, reason = TRUNCATED, "max_new_tokens"
                 break
             await checkpoint()
             if stop_requested is not None and stop_requested():
@@ -216,23 +254,26 @@ async def run_episode(
                 break
             t0 = time.perf_counter()
             result = await engine.generate(buf.all_ids(), replace(
-                sampling, max_new_tokens=min(sampling.max_new_tokens, room), seed=turn_seed(sampling.seed, turns)))
+                sampling, max_new_tokens=min(sampling.max_new_tokens - len(cut or ()), room),
+                seed=turn_seed(sampling.seed, len(live.turn_meta))))  # one seed per request (= per turn, uncut)
             clock.add("generate_s", time.perf_counter() - t0)
-            turns += 1
-            turn_meta.append(result.meta)
+            live.turns += cut is None
+            live.turn_meta.append(result.meta)
             buf.add_policy(result.output_ids, result.output_logprobs, result.top_p)
+            turn_ids, live.open_turn = [*(cut or ()), *result.output_ids], None
             if result.finish_reason == "abort":
+                live.open_turn = turn_ids
                 status, reason, error = ABORTED, "engine_abort", "the engine aborted the request"
                 break
             if result.finish_reason == "length":
                 status, reason = TRUNCATED, ("max_new_tokens" if len(buf) < cfg.max_context_len else "max_context_len")
                 break
-            text = tokenizer.decode(result.output_ids, skip_special_tokens=False)
+            text = tokenizer.decode(turn_ids, skip_special_tokens=False)
             step = await (on_loop("env_s", episode.aact, text) if asynchronous
                           else blocking("env_s", episode.act, text))
             if step.done:
                 break
-            closing = [] if result.output_ids[-1:] == [template.end_of_turn_id] else [template.end_of_turn_id]
+            closing = [] if turn_ids[-1:] == [template.end_of_turn_id] else [template.end_of_turn_id]
             buf.add_observation(closing + template.delta_ids(to_agent_chat(step.observations)))
     except EngineError as e:
         status, reason, error = ABORTED, "engine_error", f"{e} (after {e.attempts} attempts)"
@@ -258,7 +299,7 @@ async def run_episode(
     return Trajectory(
         domain=domain,
         task_id=task.id,
-        prompt_ids=prompt_ids,
+        prompt_ids=prompt_ids,  # copies (buf.lists()): a live episode's book grows on when it is resumed
         response_ids=response_ids,
         loss_mask=loss_mask,
         rollout_logprobs=logprobs,
@@ -268,17 +309,19 @@ async def run_episode(
         reward_info=reward_info,
         termination_reason=reason or "unknown",
         status=status,
-        turns=turns,
-        timings=clock.totals,
+        turns=live.turns,
+        timings=dict(clock.totals),
         error=error,
         parse_errors=episode.parse_errors,
         refused_calls=episode.refused_calls,
         unknown_tool_calls=episode.unknown_tool_calls,
         user_tool_calls_by_agent=episode.user_tool_calls_by_agent,
         refused_call_ids=sorted(episode.refused_call_ids),
-        turn_meta=turn_meta,
+        turn_meta=list(live.turn_meta),
         top_p=top_p,
         judge=judge_usage.to_dict(),
+        resumes=live.resumes,
+        live=live if reason in (ROLLOUT_STOPPED, "engine_abort") else None,
     )
 
 

@@ -28,6 +28,7 @@ from tau2_rl_pipeline.engines import SamplingParams, SGLangEngine
 from tau2_rl_pipeline.env import build_environment
 from tau2_rl_pipeline.gc_policy import settle
 from tau2_rl_pipeline.judge_reward import JudgeClient, judge_trajectory
+from tau2_rl_pipeline.partial_rollout import LiveEpisodes
 from tau2_rl_pipeline.reward import (
     filter_equal_reward_groups,
     format_penalty,
@@ -100,6 +101,23 @@ def storm_guard(args, cfg: Tau2Config) -> AbortStormGuard:
 
 
 @functools.lru_cache(maxsize=None)
+def _live_episodes(capacity: int) -> LiveEpisodes:
+    return LiveEpisodes(capacity)
+
+
+def live_episodes(args) -> LiveEpisodes:
+    """The process's cut episodes (partial rollout), room for twice what one rollout can cut: every sample in
+    flight, in slime's synchronous rollout (batch plus an over-sampling round) or its asynchronous one (the cap)."""
+    groups = int(args.rollout_batch_size) + int(getattr(args, "over_sampling_batch_size", None) or 0)
+    return _live_episodes(2 * max(groups * int(args.n_samples_per_prompt), in_flight_cap(args)))
+
+
+def resumes_episodes(args, cfg: Tau2Config, evaluation: bool) -> bool:
+    """Cut episodes go on when slime hands them back: under slime's --partial-rollout, TAU2_PARTIAL_RESUME on."""
+    return bool(getattr(args, "partial_rollout", False)) and cfg.partial_resume and not evaluation
+
+
+@functools.lru_cache(maxsize=None)
 def _judge(cfg: Tau2Config) -> JudgeClient:
     return JudgeClient(cfg)
 
@@ -140,8 +158,9 @@ def fill_sample(sample, traj: Trajectory, cfg: Tau2Config, tokenizer, *, top_p: 
     """Write a trajectory into a slime Sample: tokens, mask, log-probs, top-p replay (when slime asked for it),
     what SGLang reported per turn (prefix-cache counts, weight versions), shaped reward, status, metadata.
 
-    The sample is rewritten whole: a sample that slime hands back after its end-of-rollout abort (partial rollout)
-    gets a fresh episode, all of it sampled by the current weights, so nothing off-policy is kept."""
+    The sample is rewritten whole from the trajectory, which holds the whole episode: for an episode resumed after
+    slime's end-of-rollout abort (partial rollout), the turns before the cut too, with their own log-probs and
+    weight versions (and masked, under --mask-offpolicy-in-partial-rollout, by the caller)."""
     status_enum = type(sample).Status
     prompt_ids, response_ids = list(traj.prompt_ids), list(traj.response_ids)
     loss_mask, logprobs = list(traj.loss_mask), list(traj.rollout_logprobs)
@@ -173,12 +192,14 @@ def fill_sample(sample, traj: Trajectory, cfg: Tau2Config, tokenizer, *, top_p: 
         else (0.0, {})
     format_errors = traj.parse_errors + traj.refused_calls
     penalty = format_penalty(format_errors, cfg)
+    sample.remove_sample = traj.status == ABORTED  # a sample handed back after a cut is trained once it finishes
     if traj.status == ABORTED:
-        sample.status, sample.reward, sample.remove_sample = status_enum.ABORTED, 0.0, True
+        sample.status, sample.reward = status_enum.ABORTED, 0.0
     else:
         sample.status = status_enum.TRUNCATED if traj.status == TRUNCATED else status_enum.COMPLETED
         sample.reward = shaped_reward(traj.reward, partial, traj.domain, cfg, penalty)
-    earlier = {k: v for k, v in (sample.metadata or {}).items() if k != "start_rollout_id"}
+    # slime's start_rollout_id (the rollout a cut sample began in) holds while the episode goes on, not for a new one
+    earlier = {k: v for k, v in (sample.metadata or {}).items() if traj.resumes or k != "start_rollout_id"}
     sample.metadata = {
         **earlier,
         "raw_reward": traj.reward,
@@ -191,6 +212,7 @@ def fill_sample(sample, traj: Trajectory, cfg: Tau2Config, tokenizer, *, top_p: 
         "termination_reason": traj.termination_reason,
         "episode_status": traj.status,
         "turns": traj.turns,
+        "resumes": traj.resumes,
         "domain": traj.domain,
         "task_id": traj.task_id,
         "error": traj.error,
@@ -202,8 +224,9 @@ def fill_sample(sample, traj: Trajectory, cfg: Tau2Config, tokenizer, *, top_p: 
 async def generate(args, sample, sampling_params: dict[str, Any], evaluation: bool = False):
     """slime's custom generate function: one tau2 episode per sample, against the SGLang router.
 
-    Once slime aborts the rollout (it has enough groups), an episode sends no further turn and ends aborted.
-    Episodes that aborted for infrastructure reasons feed the abort-storm guard, which stops the run when
+    Once slime aborts the rollout (it has enough groups), an episode sends no further turn and ends aborted; under
+    slime's --partial-rollout it is kept (partial_rollout.py) and goes on from there when slime hands its sample
+    back. Episodes that aborted for infrastructure reasons feed the abort-storm guard, which stops the run when
     rollout after rollout is mostly aborted (the error names the first failure); a task-index row written with
     another tau2 stops it at once (BenchmarkMismatch)."""
     slime = _slime()
@@ -224,10 +247,17 @@ async def generate(args, sample, sampling_params: dict[str, Any], evaluation: bo
                      cfg.engine_max_retries, cfg.engine_timeout_s)
     state = slime.GenerateState(args)
     sampling = sampling_from_slime(sampling_params, tokenizer)
-    environment = build_environment(domain, cfg.fast_env, task=task, retrieval_variant=cfg.retrieval_variant)
-    user = _user_factory(cfg)(task, environment)
+    resumes = resumes_episodes(args, cfg, evaluation)
+    live = live_episodes(args).take(sample, (domain, task_id)) if resumes else None
+    if live is None:
+        environment = build_environment(domain, cfg.fast_env, task=task, retrieval_variant=cfg.retrieval_variant)
+        user = _user_factory(cfg)(task, environment)
+    else:
+        environment, user = None, None
+        if getattr(args, "mask_offpolicy_in_partial_rollout", False):
+            live.mask_earlier()  # as slime's generate_and_rm masks a returned sample's earlier response
     traj = await run_episode(domain, task, engine, tokenizer, user, sampling, cfg, environment=environment,
-                             stop_requested=lambda: state.aborted)
+                             stop_requested=lambda: state.aborted, resume=live)
     if traj.status == ABORTED and state.aborted:  # slime's end-of-rollout abort reached the request in flight
         traj = replace(traj, termination_reason=ROLLOUT_STOPPED)
     if cfg.use_judge:  # a judge that fails aborts the episode: an infrastructure failure, as the guard counts it
@@ -237,7 +267,10 @@ async def generate(args, sample, sampling_params: dict[str, Any], evaluation: bo
         if storm is not None:
             logger.error("%s", storm)
             raise storm
-    return fill_sample(sample, traj, cfg, tokenizer, top_p=sampling.return_top_p)
+    sample = fill_sample(sample, traj, cfg, tokenizer, top_p=sampling.return_top_p)
+    if resumes and traj.termination_reason == ROLLOUT_STOPPED and traj.live is not None:
+        live_episodes(args).keep(sample, traj.live, (domain, task_id))
+    return sample
 
 
 def generate_rollout_fully_async(args, rollout_id: int, data_buffer, evaluation: bool = False):

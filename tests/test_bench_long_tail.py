@@ -31,13 +31,15 @@ def test_long_tail_bench_runs_and_its_books_add_up(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(out.read_text())
     rows = {r["mode"]: r for r in report["results"]}
-    assert list(rows) == ["sync", "over-sampling", "partial"]
-    assert [line.split(" | ")[0] for line in proc.stdout.splitlines()[2:5]] == [
-        "| sync", "| over-sampling", "| partial"]
+    assert list(rows) == ["sync", "over-sampling", "partial-restart", "partial"]
+    assert [line.split(" | ")[0] for line in proc.stdout.splitlines()[2:6]] == [
+        "| sync", "| over-sampling", "| partial-restart", "| partial"]
     drawn = report["row_turns"]
     batch = GROUPS * SAMPLES
     for mode, r in rows.items():
         assert r["turns_run"] == r["generate_calls_served"] > 0, mode  # the server saw exactly these turns
+        # every turn run is trained, thrown away, or still in slime's buffer at the end
+        assert r["turns_run"] == r["turns_trained"] + r["turns_thrown_away"] + r["turns_in_buffer_at_end"], mode
         assert r["episodes_run"] == (r["episodes_trained"] - r["episodes_trained_from_earlier_steps"]
                                      + r["episodes_cut"] + r["episodes_finished_not_trained"]), mode
         assert [len(s["trained"]) for s in r["steps"]] == [batch] * STEPS, mode
@@ -47,8 +49,8 @@ def test_long_tail_bench_runs_and_its_books_add_up(tmp_path):
         assert r["prompts_trained"] == GROUPS * STEPS
         for s in r["steps"]:  # what is not trained is dropped, or with --partial-rollout back in slime's buffer
             assert s["prompt_hand_outs"] == s["prompts_trained"] + s["prompts_dropped"] + s["prompts_in_buffer"]
-            assert s["prompts_in_buffer"] == 0 or mode == "partial"
-    sync, over, partial = rows["sync"], rows["over-sampling"], rows["partial"]
+            assert s["prompts_in_buffer"] == 0 or mode.startswith("partial")
+    sync, over, restart, partial = rows["sync"], rows["over-sampling"], rows["partial-restart"], rows["partial"]
     assert sync["episodes_run"] == batch * STEPS and sync["turns_thrown_away"] == sync["episodes_cut"] == 0
     assert sync["turns_trained"] == sync["turns_run"] and sync["prompt_hand_outs"] == GROUPS * STEPS
     assert over["episodes_run"] == 2 * batch * STEPS  # twice the prompts handed out, all of them started
@@ -56,6 +58,12 @@ def test_long_tail_bench_runs_and_its_books_add_up(tmp_path):
     assert over["turns_thrown_away"] == over["turns_run"] - over["turns_trained"]
     assert over["episodes_finished_thrown_away"] == over["episodes_finished_not_trained"]
     assert sync["episodes_trained_from_earlier_steps"] == over["episodes_trained_from_earlier_steps"] == 0
+    assert sync["turns_trained_from_earlier_steps"] == over["turns_trained_from_earlier_steps"] == 0
+    assert 0 <= partial["turns_trained_from_earlier_steps"] <= partial["turns_trained"]
     # with --partial-rollout a sample trained in a later step finished earlier in a group sent back to the buffer
-    kept = partial["episodes_finished_not_trained"] - partial["episodes_finished_thrown_away"]
-    assert partial["episodes_trained_from_earlier_steps"] <= kept
+    kept = restart["episodes_finished_not_trained"] - restart["episodes_finished_thrown_away"]
+    assert restart["episodes_trained_from_earlier_steps"] <= kept
+    # resumed: a cut episode handed back is continued, never started again: only a group slime drops is lost
+    assert restart["episodes_continued"] == 0
+    assert partial["episodes_continued"] == partial["episodes_run_after_a_cut"]
+    assert partial["turns_thrown_away"] == 0 or partial["prompts_dropped"] > 0

@@ -1,0 +1,237 @@
+"""slime's partial rollout (`--partial-rollout`, 624b824) through its real rollout code: an episode cut by slime's
+end-of-rollout abort goes back to slime's buffer, and when slime hands the sample back our generate goes on with
+the same tau2 episode from where it was cut (tau2_rl_pipeline/partial_rollout.py), as slime's own single-turn
+generate goes on from the tokens it holds. The loopback server's `weight_version` stands for slime's weight update
+between rollouts."""
+
+from __future__ import annotations
+
+import gc
+import json
+import re
+import threading
+import time
+
+import pytest
+from slime_harness import flat, prompt_rows, rollout, slime_args, train_data
+from test_slime_rollout import ASYNC_ROLLOUT, STOP, Script
+
+from tau2_rl_pipeline.partial_rollout import LiveEpisodes, sample_key
+from tau2_rl_pipeline.slime_adapter import live_episodes
+
+LONG, SHORT = "create_task_1", "update_task_1"
+PARTIAL = ("--partial-rollout", "--mask-offpolicy-in-partial-rollout")
+
+
+class TwoLengths(Script):
+    """The policy calls create_task, then says "Done."; the user of SHORT stops after one "Done.", the user of
+    LONG after two: LONG takes three policy turns, and only its reward depends on the tool call of its first."""
+
+    def __call__(self, path: str, input_ids: list[int]) -> list[int]:
+        if path != "/v1/chat/completions":
+            return super().__call__(path, input_ids)
+        text = self.tok.decode(input_ids, skip_special_tokens=False)
+        task = next(iter(re.findall(r"this is about (\S+)\.", text)), None)
+        if task is None:
+            return super().__call__(path, input_ids)
+        return self.ids(STOP if text.count("Done.") >= (2 if task == LONG else 1) else "Please go on.")
+
+
+def _rows(tmp_path, tasks: list[str]):
+    """Prompt rows in this order (slime hands them out in file order, no shuffle)."""
+    lines = {json.loads(line)["metadata"]["task_id"]: line
+             for line in prompt_rows(tmp_path / "all.jsonl", tasks).read_text().splitlines()}
+    path = tmp_path / "p.jsonl"
+    path.write_text("".join(lines[t] + "\n" for t in tasks))
+    return path
+
+
+def _snapshot(sample) -> dict:
+    return {"tokens": list(sample.tokens), "logprobs": list(sample.rollout_log_probs),
+            "versions": list(sample.weight_versions), "response_length": sample.response_length}
+
+
+def _first_prompt_requests(loopback, sample) -> int:
+    prompt = sample.tokens[:len(sample.tokens) - sample.response_length]
+    return sum(1 for path, body in loopback.requests if path == "/generate" and body["input_ids"] == prompt)
+
+
+def _cut_long(monkeypatch, loopback, model_dir, tokenizer, tmp_path, resume: bool):
+    """Rollout 0 (weights v0): SHORT fills the batch, slime aborts LONG after its first turns and puts its group
+    back in its buffer. Returns slime's args, the data source, the cut samples and what they held then."""
+    from slime.utils.types import Sample
+
+    monkeypatch.setenv("TAU2_MAX_TURNS", "8")
+    monkeypatch.setenv("TAU2_PARTIAL_RESUME", str(int(resume)))
+    loopback.latency_s = 0.25
+    loopback.responder = script = TwoLengths(tokenizer)
+    loopback.weight_version = "v0"
+    rows = _rows(tmp_path, [LONG, SHORT, "impossible_task_1"])  # rollout 1's new group: another short task
+    args = slime_args(model_dir, rows, loopback.base_url.removeprefix("http://"), batch=1, n=2,
+                      extra=("--over-sampling-batch-size", "2", *PARTIAL))
+    output, source = rollout(args, 0)
+    assert flat(output.samples)[0].metadata["task_id"] == SHORT
+    (cut_group,) = source.buffer
+    assert [s.metadata["task_id"] for s in cut_group] == [LONG, LONG]
+    assert all(s.status == Sample.Status.ABORTED and s.metadata["termination_reason"] == "rollout_stopped"
+               for s in cut_group)
+    assert all(s.weight_versions for s in cut_group)  # each had sampled a turn before the cut
+    before = {sample_key(s): _snapshot(s) for s in cut_group}
+    assert live_episodes(args).keys() == (set(before) if resume else set())
+    loopback.weight_version = "v1"  # slime updated the weights between the rollouts
+    return args, source, cut_group, before, script
+
+
+def test_an_episode_cut_by_the_abort_goes_on_where_it_was_cut(slime_env, monkeypatch, loopback, tiny_small_dir,
+                                                             small_tokenizer, tmp_path):
+    """Rollout 1 (new weights): slime hands LONG back first; it goes on from where it was cut and, with the fewest
+    turns left, fills the batch."""
+    from slime.utils.types import Sample
+
+    args, source, cut_group, before, script = _cut_long(monkeypatch, loopback, tiny_small_dir, small_tokenizer,
+                                                        tmp_path, resume=True)
+    for rollout_id in (1, 2, 3):  # (a loaded machine may cut it once more: it goes on again)
+        rollout(args, rollout_id, source)
+        if all(s.status == Sample.Status.COMPLETED for s in cut_group):
+            break
+    for sample in cut_group:
+        old = before[sample_key(sample)]
+        n = old["response_length"]
+        assert sample.status == Sample.Status.COMPLETED and sample.remove_sample is False  # was True: untrained
+        assert sample.metadata["raw_reward"] == 1.0  # the first turn's create_task, run before the cut, counted
+        assert sample.metadata["termination_reason"] == "user_stop" and sample.metadata["turns"] == 3
+        assert sample.metadata["resumes"] >= 1 and sample.metadata["start_rollout_id"] == 0
+        assert small_tokenizer.decode(sample.tokens).count("this is about create_task_1") == 1
+        assert sample.tokens[:len(old["tokens"])] == old["tokens"]  # the turns before the cut, unchanged
+        assert sample.rollout_log_probs[:n] == old["logprobs"]
+        assert sample.weight_versions[:len(old["versions"])] == old["versions"] == ["v0"] * len(old["versions"])
+        assert set(sample.weight_versions[len(old["versions"]):]) == {"v1"}
+        # --mask-offpolicy-in-partial-rollout: only what the new weights sampled is trained ("Done." turns)
+        policy = [t for t, m in zip(sample.tokens[-sample.response_length:], sample.loss_mask) if m]
+        assert sample.loss_mask[:n] == [0] * n and 0 < len(policy) < len(script.tool_ids + 2 * script.done_ids)
+        assert policy == script.done_ids * (len(policy) // len(script.done_ids))
+    assert _first_prompt_requests(loopback, cut_group[0]) == 2  # LONG's first turn: sampled once per sample
+    # the token books as slime trains them: one mask and one log-prob per response token
+    data = train_data(args, cut_group)
+    assert data["loss_masks"] == [s.loss_mask for s in cut_group] and data["raw_reward"] == [1.0, 1.0]
+    assert all(len(s.rollout_log_probs) == s.response_length for s in cut_group)
+    assert not live_episodes(args).keys() & set(before)  # taken when handed back
+
+
+def test_with_resume_off_a_cut_episode_starts_again(slime_env, monkeypatch, loopback, tiny_small_dir,
+                                                    small_tokenizer, tmp_path):
+    """TAU2_PARTIAL_RESUME=0: the same cut episode, handed back, starts from its first turn with the new weights
+    (and, six calls long again, loses rollout 1 to the new short group: the starvation bench/README.md P6 shows)."""
+    args, source, cut_group, before, _ = _cut_long(monkeypatch, loopback, tiny_small_dir, small_tokenizer,
+                                                   tmp_path, resume=False)
+    rollout(args, 1, source)
+    for sample in cut_group:
+        assert sample.metadata["resumes"] == 0
+        assert sample.weight_versions and set(sample.weight_versions) == {"v1"}  # nothing of rollout 0 kept
+    assert _first_prompt_requests(loopback, cut_group[0]) == 4  # LONG's first turn: sampled again
+    assert len(live_episodes(args)) == 0
+
+
+def test_the_resumed_episode_books_the_same_tokens_as_one_never_cut(slime_env, monkeypatch, loopback,
+                                                                   tiny_small_dir, small_tokenizer, tmp_path):
+    """Without --mask-offpolicy-in-partial-rollout: a cut and resumed LONG is token for token, log-prob for
+    log-prob, mask for mask the episode run in one go."""
+    monkeypatch.setenv("TAU2_MAX_TURNS", "8")
+    loopback.latency_s = 0.25
+    loopback.responder = TwoLengths(small_tokenizer)
+    router = loopback.base_url.removeprefix("http://")
+    args = slime_args(tiny_small_dir, _rows(tmp_path, [LONG, SHORT, "impossible_task_1"]), router, batch=1, n=2,
+                      extra=("--over-sampling-batch-size", "2", "--partial-rollout"))
+    _, source = rollout(args, 0)
+    (resumed,) = source.buffer  # LONG's group, cut
+    for rollout_id in (1, 2, 3):
+        rollout(args, rollout_id, source)
+        if all(s.status.name == "COMPLETED" for s in resumed):
+            break
+    assert all(s.metadata["resumes"] >= 1 for s in resumed)
+    whole_args = slime_args(tiny_small_dir, prompt_rows(tmp_path / "long.jsonl", [LONG]), router, batch=1, n=2)
+    whole, _ = rollout(whole_args, 0)
+    whole = flat(whole.samples)
+    for a, b in zip(resumed, whole):
+        assert a.tokens == b.tokens and a.loss_mask == b.loss_mask and a.response_length == b.response_length
+        assert a.rollout_log_probs == pytest.approx(b.rollout_log_probs, abs=1e-5)
+        assert a.metadata["reward_info"]["reward"] == b.metadata["reward_info"]["reward"] == 1.0
+
+
+def test_cut_episodes_are_kept_no_longer_than_their_samples(slime_env, loopback, tiny_small_dir, small_tokenizer,
+                                                            monkeypatch, tmp_path):
+    monkeypatch.setenv("TAU2_MAX_TURNS", "8")
+    loopback.latency_s = 0.25
+    loopback.responder = TwoLengths(small_tokenizer)
+    args = slime_args(tiny_small_dir, _rows(tmp_path, [LONG, SHORT, "impossible_task_1"]),
+                      loopback.base_url.removeprefix("http://"), batch=1, n=2,
+                      extra=("--over-sampling-batch-size", "2", *PARTIAL))
+    _, source = rollout(args, 0)
+    registry = live_episodes(args)
+    assert registry.keys() == {sample_key(s) for g in source.buffer for s in g} and len(registry) == 2
+    source.buffer.clear()  # the samples are gone (as when slime drops them, or the run ends)
+    gc.collect()
+    assert len(registry) == 0
+
+
+def test_the_registry_is_bounded_and_refuses_a_changed_sample():
+    from slime.utils.types import Sample
+
+    registry = LiveEpisodes(capacity=2)
+    samples = [Sample(index=i, group_index=0, response_length=3) for i in range(3)]
+    for s in samples:
+        assert registry.keep(s, object(), ("mock", LONG))
+    assert len(registry) == 2 and registry.evicted == 1
+    assert registry.take(samples[0], ("mock", LONG)) is None  # the oldest went: that episode starts again
+    samples[1].response_length = 5
+    assert registry.take(samples[1], ("mock", LONG)) is None  # changed since it was cut: not resumed
+    assert registry.take(samples[2], ("mock", SHORT)) is None  # another task
+    assert len(registry) == 0
+    assert not registry.keep(Sample(), object(), ("mock", LONG))  # nothing to know it by
+
+
+def test_fully_async_rollout_resumes_what_a_pause_cut(slime_env, monkeypatch, loopback, tiny_small_dir,
+                                                      small_tokenizer, tmp_path):
+    """slime's fully asynchronous worker requeues a group whose episodes ended ABORTED when GenerateState.aborted
+    was set (a pause for a weight update) and runs it again once the flag is down: on its own thread and loop,
+    the episode goes on where the pause cut it."""
+    from slime.rollout.sglang_rollout import GenerateState
+
+    monkeypatch.setenv("TAU2_MAX_TURNS", "8")
+    loopback.latency_s = 0.25
+    loopback.responder = script = TwoLengths(small_tokenizer)
+    loopback.weight_version = "v0"
+    args = slime_args(tiny_small_dir, prompt_rows(tmp_path / "p.jsonl", [LONG]),
+                      loopback.base_url.removeprefix("http://"), batch=1, n=2,
+                      extra=("--rollout-function-path", ASYNC_ROLLOUT, "--sglang-server-concurrency", "1", *PARTIAL))
+    state, registry = GenerateState(args), live_episodes(args)
+
+    def pause_then_update() -> None:
+        while loopback.count("/generate") < 2:  # the first sample has sampled two turns
+            time.sleep(0.02)
+        state.aborted = True
+        deadline = time.monotonic() + 30
+        while not len(registry) and time.monotonic() < deadline:  # the first episode stopped, kept
+            time.sleep(0.02)
+        loopback.weight_version = "v1"
+        state.aborted = False
+
+    watcher = threading.Thread(target=pause_then_update)
+    watcher.start()
+    try:
+        groups, _ = rollout(args)
+    finally:
+        watcher.join()
+    samples = flat(groups)
+    assert [s.metadata["raw_reward"] for s in samples] == [1.0, 1.0]
+    assert all(s.metadata["turns"] == 3 for s in samples)
+    # slime lets one sample generate at a time here (--sglang-server-concurrency 1): the first was cut after
+    # two turns and goes on; the second, which had not started, runs whole with the new weights
+    assert [s.metadata["resumes"] for s in samples] == [1, 0]
+    first, second = samples
+    assert first.weight_versions == ["v0", "v0", "v1"] and second.weight_versions == ["v1"] * 3
+    # --mask-offpolicy-in-partial-rollout: the two turns the old weights sampled are not trained
+    assert sum(first.loss_mask) == len(script.done_ids)
+    assert sum(second.loss_mask) == len(script.tool_ids) + 2 * len(script.done_ids)
+    assert _first_prompt_requests(loopback, first) == 2  # once per sample: the cut one was not started again
+    assert len(registry) == 0
