@@ -18,6 +18,9 @@
 #                                token sampled by older weights is trained (slime masks a returned sample's old
 #                                response; our generate goes on with the episode where it was cut, its earlier
 #                                turns kept and masked: TAU2_PARTIAL_RESUME)
+#   GRPO_MASK_OFFPOLICY=1        with partial rollout, --mask-offpolicy-in-partial-rollout; 0 trains a resumed
+#                                episode's earlier turns too (slime masks every returned sample's old response,
+#                                which in P6 was 827 of 1346 trained turns), left to TIS to correct
 #   GRPO_USE_TIS=1               --use-tis: truncated importance sampling with the rollout log-probs our generate
 #                                keeps, correcting for samples drawn by a policy one step behind
 # Starts from GRPO_INIT_DIR's weights at rollout 0 without its optimizer state, with the same checkpoint as the KL
@@ -56,6 +59,7 @@ GRPO_ASYNC_ROLLOUT_FUNCTION="${GRPO_ASYNC_ROLLOUT_FUNCTION:-tau2_rl_pipeline.sli
 GRPO_ASYNC_ROLLOUT_GPUS="${GRPO_ASYNC_ROLLOUT_GPUS:-$((NUM_POLICY_GPUS / 2))}"
 GRPO_PARTIAL_ROLLOUT="$(bool_setting GRPO_PARTIAL_ROLLOUT "${GRPO_PARTIAL_ROLLOUT:-1}")"
 GRPO_USE_TIS="$(bool_setting GRPO_USE_TIS "${GRPO_USE_TIS:-1}")"
+GRPO_MASK_OFFPOLICY="$(bool_setting GRPO_MASK_OFFPOLICY "${GRPO_MASK_OFFPOLICY:-1}")"
 
 for name in GRPO_NUM_ROLLOUT GRPO_ROLLOUT_BATCH_SIZE GRPO_N_SAMPLES GRPO_GLOBAL_BATCH_SIZE GRPO_MAX_RESPONSE_LEN \
   GRPO_SAVE_INTERVAL GRPO_MAX_TOKENS_PER_GPU; do
@@ -165,7 +169,10 @@ if [[ "${GRPO_ASYNC}" == 1 ]]; then
   PLACEMENT_ARGS=(--actor-num-nodes 1 --actor-num-gpus-per-node "${ACTOR_GPUS}"
     --rollout-num-gpus "${GRPO_ASYNC_ROLLOUT_GPUS}" --rollout-function-path "${GRPO_ASYNC_ROLLOUT_FUNCTION}")
   if [[ "${GRPO_PARTIAL_ROLLOUT}" == 1 ]]; then
-    PLACEMENT_ARGS+=(--partial-rollout --mask-offpolicy-in-partial-rollout)
+    PLACEMENT_ARGS+=(--partial-rollout)
+    if [[ "${GRPO_MASK_OFFPOLICY}" == 1 ]]; then
+      PLACEMENT_ARGS+=(--mask-offpolicy-in-partial-rollout)
+    fi
   fi
   if [[ "${GRPO_USE_TIS}" == 1 ]]; then
     PLACEMENT_ARGS+=(--use-tis)

@@ -277,6 +277,9 @@ def test_async_grpo_runs_train_async_on_split_policy_gpus(dry_dir: Path) -> None
     assert got["--rollout-function-path"] == "tau2_rl_pipeline.slime_adapter.generate_rollout_fully_async"
     assert {"--partial-rollout", "--mask-offpolicy-in-partial-rollout", "--use-tis"} <= got.keys()
     assert got["--custom-generate-function-path"] == "tau2_rl_pipeline.slime_adapter.generate"
+    unmasked = flags(slime_job(cached_dry("train_grpo.sh", dry_dir, GRPO_ASYNC="1", GRPO_MASK_OFFPOLICY="0"),
+                               "train_async.py")[1])
+    assert "--partial-rollout" in unmasked and "--mask-offpolicy-in-partial-rollout" not in unmasked
     sync = grpo_flags(dry_dir)
     assert not {"--partial-rollout", "--use-tis", "--rollout-num-gpus", "--rollout-function-path"} & sync.keys()
 

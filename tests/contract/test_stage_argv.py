@@ -51,6 +51,7 @@ def runs() -> dict[str, tuple[str, dict[str, str]]]:
         "EXTRA_SLIME_ARGS": "--optimizer-cpu-offload --use-precision-aware-optimizer"})
     out["train_grpo.sh-async-no-options"] = ("train_grpo.sh", {"GRPO_ASYNC": "1", "GRPO_PARTIAL_ROLLOUT": "0",
                                                                "GRPO_USE_TIS": "0"})
+    out["train_grpo.sh-async-unmasked"] = ("train_grpo.sh", {"GRPO_ASYNC": "1", "GRPO_MASK_OFFPOLICY": "0"})
     out["train_grpo.sh-typo"] = ("train_grpo.sh", {"EXTRA_SLIME_ARGS": f"{TYPO} 0.3"})
     out["convert_hf_to_megatron.sh"] = ("convert_hf_to_megatron.sh", {})
     out["convert_megatron_to_hf.sh"] = ("convert_megatron_to_hf.sh", {})
