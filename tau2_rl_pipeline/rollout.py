@@ -202,14 +202,19 @@ async def run_episode(
     clock = live.clock if live is not None else _Clock()
     t_start = time.perf_counter()
 
-    async def blocking(key: str, fn, *args):
+    async def blocking(key: str, fn, *args, waits: bool = False):
+        """`fn` off the loop as `episode_workers` says; `waits`: it blocks on the network (tau2 1.0.1's judge
+        over litellm, seconds), so never on the event loop, even with `episode_workers=0`."""
         t0 = time.perf_counter()
         try:
+            if waits and executor is None:
+                return await asyncio.to_thread(fn, *args)
             return await off_loop(executor, fn, *args)
         finally:
             clock.add(key, time.perf_counter() - t0)
 
-    if needs_judge(task):
+    judged = needs_judge(task)
+    if judged:
         judge.configure(cfg)  # tau2 1.0.1's NL assertions: this run's judge (kept when already installed)
     template = observation_template(tokenizer)
     status, reason, error = COMPLETED, None, None
@@ -286,7 +291,8 @@ async def run_episode(
         # tau2 scores every run not ended by an agent or user stop as 0; truncations go through the same rule.
         try:
             reward_info = await blocking("eval_s", _evaluate_counted, episode,
-                                         None if episode.done else TerminationReason.MAX_STEPS, judge_usage)
+                                         None if episode.done else TerminationReason.MAX_STEPS, judge_usage,
+                                         waits=judged)
         except JudgeError as e:  # tau2 1.0.1's NL-assertion judge failed for good: infrastructure, not scored
             status, reason, error = ABORTED, "judge_error", str(e)
     if episode.done and status != ABORTED:

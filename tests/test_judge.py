@@ -193,3 +193,30 @@ class Goodbye:
         ids = self.tokenizer.encode("Thank you, goodbye. ###STOP###" + self.tokenizer.eos_token,
                                     add_special_tokens=False)
         return GenerateResult(ids, [-0.5] * len(ids), "stop")
+
+
+@needs_v1
+def test_the_judge_never_runs_on_the_event_loop_even_with_episode_workers_zero(loopback_judge, small_tokenizer,
+                                                                               monkeypatch) -> None:
+    """TAU2_EPISODE_WORKERS=0 runs episode work on the loop; tau2's judge call (litellm, blocking for seconds)
+    would stall every episode in flight there, so a judged evaluation goes to a thread all the same."""
+    from eval.runner import run_episodes
+    from tau2_rl_pipeline.engines import SamplingParams
+    from tau2_rl_pipeline.users import make_user_factory
+
+    calls_from: list[int] = []
+    complete = Judge.complete
+
+    def recorded(self, messages):
+        calls_from.append(threading.get_ident())
+        return complete(self, messages)
+
+    monkeypatch.setattr(Judge, "complete", recorded)
+    cfg = replace(loopback_judge.cfg, max_turns=2, episode_workers=0)
+    records: list[dict] = []
+    asyncio.run(run_episodes([("retail", _retail_judged_task(), 0)], engine=Goodbye(small_tokenizer),
+                             tokenizer=small_tokenizer, user_factory=make_user_factory("scripted", cfg),
+                             sampling=SamplingParams(max_new_tokens=32), cfg=cfg, seed=0, concurrency=1,
+                             on_done=records.append))
+    assert records[0]["status"] == "completed" and records[0]["judge"]["calls"] >= 1
+    assert calls_from and threading.get_ident() not in calls_from  # asyncio.run's loop runs on this thread
