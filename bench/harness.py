@@ -40,6 +40,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable as a script from anywhere
@@ -408,13 +409,22 @@ def markdown_table(rows: list[tuple[str, str]]) -> str:
     return "\n".join(["| measure | value |", "|---|---|", *(f"| {k} | {v} |" for k, v in rows)])
 
 
+def workers_label(workers: int, cfg: Tau2Config, blocking_user: bool, domain: str) -> str:
+    """--workers as run: auto (-1, the default) with what it resolved to."""
+    from tau2_rl_pipeline.rollout import episode_threads
+
+    threads = episode_threads(replace(cfg, episode_workers=workers), blocking_user, (domain,))
+    return str(workers) if workers >= 0 else f"auto ({threads})"
+
+
 def table(args: argparse.Namespace, r: dict) -> str:
     env = f"{args.domain} ({'tau2 native' if args.native_env else 'fast_env'})"
     ok = yes_no
     rows = [
         ("episodes / concurrency / latency", f"{args.episodes} / {args.concurrency} / {args.latency * 1e3:.0f} ms"),
-        ("domain (environments) / episode_workers / GC / processes", f"{env} / {args.workers} / {args.gc} / "
-         f"{args.procs}"),
+        ("domain (environments) / episode_workers / GC / processes",
+         f"{env} / {workers_label(args.workers, Tau2Config(fast_env=not args.native_env), False, args.domain)} / "
+         f"{args.gc} / {args.procs}"),
         ("generate calls", f"{r['calls']} (episode turns {r['turns']})"),
         ("statuses", ", ".join(f"{k} {v}" for k, v in sorted(r["statuses"].items()))),
         ("ideal wall (calls x latency / concurrency)", f"{r['ideal_s']:.2f} s"),

@@ -134,7 +134,9 @@ def episodes(args: argparse.Namespace, argv: list[str], tmp: Path, tokenizer) ->
 def episodes_table(args: argparse.Namespace, r: dict) -> str:
     ok = harness.yes_no
     rows = [
-        ("client / episode_workers / GC / processes", f"{args.client} / {args.workers} / {args.gc} / {args.procs}"),
+        ("client / episode_workers / GC / processes",
+         f"{args.client} / {harness.workers_label(args.workers, Tau2Config(), args.client == 'litellm', 'mock')} / "
+         f"{args.gc} / {args.procs}"),
         ("episodes / concurrency / latency per call",
          f"{args.episodes} / {args.concurrency} / {args.latency * 1e3:.0f} ms"),
         ("generate calls / user calls", f"{r['calls']} / {r['user_calls']}"),

@@ -23,7 +23,7 @@ from tau2_rl_pipeline.config import Tau2Config
 from tau2_rl_pipeline.engines import SamplingParams, SGLangEngine
 from tau2_rl_pipeline.env import build_environment
 from tau2_rl_pipeline.reward import partial_score
-from tau2_rl_pipeline.rollout import Trajectory, off_loop, run_episode, shared_executor
+from tau2_rl_pipeline.rollout import Trajectory, episode_threads, off_loop, run_episode, shared_executor
 
 logger = logging.getLogger("eval_passk")
 EPISODE_ERROR = "episode_error"  # termination reason of an episode that raised (recorded as aborted)
@@ -73,7 +73,7 @@ async def run_episodes(pending: Sequence[tuple[str, Any, int]], *, engine: Any, 
     An episode that raises (tau2's evaluator does on some broken tasks) becomes an aborted record with the error,
     and the others go on.
     """
-    executor = shared_executor(cfg.episode_workers)
+    executor = shared_executor(episode_threads(cfg, getattr(user_factory, "blocks", False), {d for d, _, _ in pending}))
     gate = asyncio.Semaphore(concurrency)
 
     async def one(domain: str, task: Any, sample: int) -> None:

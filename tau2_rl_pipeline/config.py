@@ -100,11 +100,12 @@ class Tau2Config:
         "tau2-bench 1.0.1 banking_knowledge's retrieval variant (tau2's --retrieval-config), for its episodes and "
         "their evaluation: bm25 = offline BM25 (needs rank_bm25); tau2's own default alltools needs "
         "OPENAI_API_KEY and a sandbox binary; a variant whose keys or binaries are missing is refused before a run"))
-    episode_workers: int = field(default=64, metadata=_meta(
+    episode_workers: int = field(default=-1, metadata=_meta(
         "threads for blocking episode work (tau2 tools, litellm user-simulator calls, evaluation) shared by all "
-        "episodes in flight in one process; 0 = on the event loop (the scripted user or the async user client: "
-        "fastest with fast_env; litellm refuses it)",
-        min_value=0))
+        "episodes in flight in one process; 0 = on the event loop (litellm refuses it); -1 = auto: 0 when no "
+        "user turn blocks (the scripted user or the async user client) and fast_env is on (fastest, shortest "
+        "event-loop stalls: bench/README.md P2, P5), else 64",
+        min_value=-1))
     # -- policy server (engines.py) and aborted runs ---------------------------------------------
     engine_max_retries: int = field(default=4, metadata=_meta(
         "retries of a failed policy-server /generate call (refused, reset, 5xx, malformed, timed out) before the "

@@ -13,8 +13,9 @@ as the model's.
 The episode's blocking work (tau2 tools, litellm's user-simulator call, evaluation) runs on a thread pool, so
 hundreds of episodes can be in flight on one event loop; with the scripted user and fast_env that work is a few
 milliseconds of CPU, and `episode_workers=0` runs it on the loop itself, sparing the thread hops and the GIL
-hand-offs that otherwise stall the loop (bench/README.md, P2). An asynchronous user (user_client.py) has its
-turns run on the loop whatever `episode_workers` says: its model call is awaited there, not blocked on.
+hand-offs that otherwise stall the loop (bench/README.md, P2 and P5); auto (-1, the default) does so whenever no
+user turn blocks and fast_env is on. An asynchronous user (user_client.py) has its turns run on the loop whatever
+`episode_workers` says: its model call is awaited there, not blocked on.
 
 An episode stopped by its caller (slime's end-of-rollout abort) returns its live state with the trajectory
 (`Trajectory.live`): handed back as `resume=`, the same episode goes on from where it was cut (a turn the abort cut
@@ -27,7 +28,7 @@ import asyncio
 import functools
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 
@@ -35,11 +36,13 @@ from tau2.data_model.message import Message
 from tau2.data_model.simulation import RewardInfo, TerminationReason
 from tau2.data_model.tasks import Task
 from tau2.environment.environment import Environment
+from tau2.user.user_simulator import UserSimulator
 
 from tau2_rl_pipeline import judge
 from tau2_rl_pipeline.config import Tau2Config
 from tau2_rl_pipeline.engines import Engine, EngineError, SamplingParams
 from tau2_rl_pipeline.env import Episode, UserSideError
+from tau2_rl_pipeline.fast_env import has_fast_path
 from tau2_rl_pipeline.judge import JudgeError, JudgeUsage, episode_usage
 from tau2_rl_pipeline.prompting import to_agent_chat
 from tau2_rl_pipeline.tau2_version import BaseUser, needs_judge
@@ -88,6 +91,27 @@ class Trajectory:
     @property
     def reward(self) -> float:
         return float(self.reward_info.reward) if self.reward_info is not None else 0.0
+
+
+AUTO_WORKERS = 64  # TAU2_EPISODE_WORKERS=-1 (auto) where a user turn blocks: sized for I/O-bound litellm calls
+
+
+def user_blocks(user: BaseUser | None) -> bool:
+    """Whether a user's turns block a thread: tau2's UserSimulator over litellm (a user strategy's too), not the
+    scripted user nor the async client, whose model call is awaited on the loop."""
+    return isinstance(user, UserSimulator) and not callable(getattr(user, "agenerate_next_message", None))
+
+
+def episode_threads(cfg: Tau2Config, blocking_user: bool, domains: Iterable[str]) -> int:
+    """TAU2_EPISODE_WORKERS with auto (-1) resolved: on the event loop (0) when nothing of an episode blocks on
+    the network and fast_env keeps the tools and evaluation of every domain run to a few milliseconds; there,
+    threads only cost GIL hand-offs that stall the loop (bench/README.md: P2, and P5's 66-68 ms stalls with 64
+    threads against 29-36 ms with none). The NL-assertion judge's call goes to a thread whatever this says
+    (`run_episode`)."""
+    if cfg.episode_workers >= 0:
+        return cfg.episode_workers
+    quick = cfg.fast_env and all(has_fast_path(d) for d in domains)  # banking_knowledge has none
+    return 0 if quick and not blocking_user else AUTO_WORKERS
 
 
 @functools.lru_cache(maxsize=None)
@@ -197,8 +221,10 @@ async def run_episode(
     """One episode; `stop_requested()` is asked before every policy turn (slime's end-of-rollout abort): when it
     says yes, the episode ends aborted there instead of sending another request, and `Trajectory.live` holds it.
     With `resume` (a `live` of an earlier call), that episode goes on instead (`user` and `environment` unused)."""
-    executor = executor if executor is not None else shared_executor(cfg.episode_workers)
     live = resume
+    if executor is None:
+        executor = shared_executor(episode_threads(cfg, user_blocks(user if live is None else live.episode.user),
+                                                   (domain,)))
     clock = live.clock if live is not None else _Clock()
     t_start = time.perf_counter()
 

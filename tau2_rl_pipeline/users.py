@@ -165,6 +165,7 @@ class LLMUserFactory:
         if user_client_kind(cfg) == "async":
             self.client = chat_client(cfg.user_api_base, timeout_s=cfg.user_timeout_s,
                                       max_retries=cfg.user_max_retries, max_in_flight=cfg.user_max_in_flight)
+        self.blocks = self.client is None  # litellm's calls block a thread (rollout.episode_threads)
 
     def __call__(self, task: Task, environment: Environment) -> BaseUser:
         tools = environment.get_user_tools() if environment.user_tools is not None else None

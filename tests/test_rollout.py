@@ -247,20 +247,49 @@ class ThreadNotingUser(ScriptedUser):
         return super().generate_next_message(message, state)
 
 
-@pytest.mark.parametrize("workers", [0, 2])
-def test_episode_workers_zero_runs_episode_work_on_the_event_loop(qwen3_tokenizer, workers):
+@pytest.mark.parametrize("workers,fast_env,on_threads", [(0, True, False), (2, True, True), (-1, True, False),
+                                                       (-1, False, True)])
+def test_episode_workers_zero_runs_episode_work_on_the_event_loop(qwen3_tokenizer, workers, fast_env, on_threads):
+    """0 on the loop, N on threads; auto (-1, the default) on the loop for the scripted user with fast_env, on
+    threads with tau2's native environments."""
     task = get_task("mock", "create_task_1")
     (action,) = gold_actions(task)
     engine = ChosenTextEngine(qwen3_tokenizer, [render_assistant_text("", [(action.name, action.arguments)]),
                                                 final_message(task)])
     user = ThreadNotingUser(task)
-    traj = _run("mock", task, engine, qwen3_tokenizer, Tau2Config.from_env({"TAU2_EPISODE_WORKERS": str(workers)}),
-                user=user)
+    cfg = Tau2Config.from_env({"TAU2_EPISODE_WORKERS": str(workers), "TAU2_FAST_ENV": str(fast_env).lower()})
+    traj = _run("mock", task, engine, qwen3_tokenizer, cfg, user=user)
     assert traj.status == COMPLETED and traj.reward == 1.0 and len(user.threads) >= 2
-    if workers:
+    if on_threads:
         assert all(name.startswith("tau2-episode") for name in user.threads)
     else:
         assert set(user.threads) == {threading.main_thread().name}  # asyncio.run's loop runs on this thread
+
+
+def test_auto_episode_workers_give_threads_only_where_a_user_turn_blocks(monkeypatch):
+    from tau2.user.user_simulator import UserSimulator
+
+    from tau2_rl_pipeline import rollout
+    from tau2_rl_pipeline.rollout import AUTO_WORKERS, episode_threads, user_blocks
+
+    monkeypatch.setattr(rollout, "has_fast_path", lambda domain: domain != "banking_knowledge")  # as on 1.0.1
+
+    auto = Tau2Config.from_env({})
+    assert auto.episode_workers == -1
+    litellm_user = UserSimulator(instructions="x", llm="gpt-4.1", llm_args={})
+    assert user_blocks(litellm_user) and not user_blocks(ScriptedUser(get_task("mock", "create_task_1")))
+    assert not user_blocks(None)
+    mock = ("mock",)
+    assert episode_threads(auto, True, mock) == AUTO_WORKERS
+    assert episode_threads(auto, False, mock) == 0
+    assert episode_threads(auto, False, ("mock", "banking_knowledge")) == AUTO_WORKERS  # no fast path there
+    assert episode_threads(replace(auto, fast_env=False), False, mock) == AUTO_WORKERS
+    assert episode_threads(replace(auto, episode_workers=3), False, mock) == 3
+    assert episode_threads(replace(auto, episode_workers=0), True, mock) == 0  # as set (litellm refuses it)
+    # the LLM user factory says which: litellm blocks, the async client does not
+    assert make_user_factory("llm", Tau2Config.from_env({}, user_api_base="http://x:1/v1")).blocks
+    assert not make_user_factory("llm", Tau2Config.from_env({}, user_api_base="http://x:1/v1",
+                                                            user_model="openai/tiny")).blocks
 
 
 def test_the_llm_user_refuses_episode_work_on_the_event_loop():
