@@ -16,6 +16,7 @@ from pathlib import Path
 
 from tau2_rl_pipeline.config import Tau2Config
 from tau2_rl_pipeline.files import atomic_write_bytes
+from tau2_rl_pipeline.tau2_version import VERSION, BenchmarkMismatch
 
 STATE_FILE = "curriculum_state.json"
 _FORMAT_VERSION = 1
@@ -95,6 +96,7 @@ class CurriculumTracker:
     def to_dict(self) -> dict:
         return {
             "version": _FORMAT_VERSION,
+            "tau2_version": VERSION,  # the counts are of this tau2's tasks: a resume on another is refused
             "tasks": {key: {"attempts": n, "successes": self.successes.get(key, 0)}
                       for key, n in sorted(self.attempts.items())},
             "groups_seen": self.groups_seen,
@@ -110,6 +112,15 @@ class CurriculumTracker:
         """The tracker saved at `path`; a file that is not a saved tracker is an error, never a silent reset."""
         try:
             state = json.loads(Path(path).read_text(encoding="utf-8"))
+        except ValueError as exc:
+            raise ValueError(f"curriculum state {path} is unreadable: {exc}") from None
+        made_with = state.get("tau2_version", VERSION) if isinstance(state, dict) else VERSION  # older files: none
+        if made_with != VERSION:
+            raise BenchmarkMismatch(
+                f"curriculum state {path} was produced with tau2 {made_with}, this run uses tau2 {VERSION}: a run "
+                "resumed across tau2 versions would mix two benchmarks; start a new run (another checkpoint "
+                "directory or TAU2_CURRICULUM_STATE_PATH)")
+        try:
             if state.get("version") != _FORMAT_VERSION:
                 raise ValueError(f"version {state.get('version')!r}, expected {_FORMAT_VERSION}")
             tracker = cls(cfg)

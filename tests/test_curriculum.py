@@ -144,6 +144,23 @@ def test_restore_starts_fresh_without_a_file_and_refuses_a_bad_one(tmp_path):
         CurriculumTracker.load(bad, CFG)
 
 
+def test_a_state_of_another_tau2_is_refused_in_one_line_and_an_older_one_without_a_version_loads(tmp_path):
+    from tau2_rl_pipeline.tau2_version import VERSION, BenchmarkMismatch
+
+    tracker = _tracker(**{"airline/1": [True, False]})
+    path = tmp_path / STATE_FILE
+    tracker.save(path)
+    state = json.loads(path.read_text())
+    assert state["tau2_version"] == VERSION
+    path.write_text(json.dumps({**state, "tau2_version": "0.9"}))
+    with pytest.raises(BenchmarkMismatch) as refused:  # a slime GRPO resume after switching tau2
+        CurriculumTracker.restore(CFG, path)
+    assert "produced with tau2 0.9" in str(refused.value) and "\n" not in str(refused.value)
+    del state["tau2_version"]  # written before the version was recorded
+    path.write_text(json.dumps(state))
+    assert CurriculumTracker.restore(CFG, path).attempts == {"airline/1": 2}
+
+
 _WRITER = textwrap.dedent("""
     import sys
     from tau2_rl_pipeline.config import Tau2Config
