@@ -182,7 +182,8 @@ def step_counts(handed: list, batch: list, kept: set[int], buffered: list) -> di
     abort, or finished in a group that did not make the batch. A cut episode's turns are thrown away when its group
     is dropped (no --partial-rollout) or when it is started again after slime hands it back (TAU2_PARTIAL_RESUME=0);
     resumed, they are trained with it. A finished episode outside the batch is kept when its group went back to
-    slime's buffer (`kept`: group indices, --partial-rollout) and trained in a later step, else thrown away. Turns in
+    slime's buffer (`kept`: group indices, --partial-rollout) and trained in a later step, else thrown away (also
+when its group, handed out again, is dropped then without the episode being run again). Turns in
     the buffer at the end (`buffered`: its samples) are neither. Prompts handed out are trained, back in the buffer,
     or dropped: without --partial-rollout every group past the batch; with it, a group that finished in the same
     wake-up as the one that filled the batch (slime/rollout/sglang_rollout.py:439-441 keeps neither)."""
@@ -194,6 +195,8 @@ def step_counts(handed: list, batch: list, kept: set[int], buffered: list) -> di
     cut = [s for s, _, _ in ran if s.status.name == "ABORTED"]
     finished_out = [s for s, _, _ in ran if s.status.name != "ABORTED" and id(s) not in in_batch]
     lost = [s for s in cut + finished_out if s.group_index not in kept]
+    # finished in an earlier step and handed out again with its group, not run again: lost when the group is dropped
+    lost += [s for s, _, _ in handed if id(s) not in ran_ids and id(s) not in in_batch and s.group_index not in kept]
 
     groups = {s.group_index for s, _, _ in handed}
     trained_groups = {s.group_index for s in batch}
