@@ -112,13 +112,15 @@ def test_refused_is_a_restart_whose_connections_the_kernel_refuses(server: Loopb
 @pytest.mark.parametrize("kind", faults.FAULT_KINDS)
 def test_the_policy_engine_retries_through_each_fault(server: LoopbackServer, kind: str) -> None:
     async def go(url: str) -> Any:
-        engine = SGLangEngine(url, max_retries=2, **ONE_REQUEST)
+        # backoff (0.1-0.2 s, then 0.2-0.4 s) well over the proxy's restart (1 ms): a retry that came while its
+        # listener was still down would fail uncounted, and the third attempt would meet the second queued fault
+        engine = SGLangEngine(url, max_retries=2, **{**ONE_REQUEST, "backoff_base_s": 0.2, "backoff_max_s": 0.4})
         try:
             return await engine.generate([5, 6, 7], SamplingParams(max_new_tokens=3))
         finally:
             await engine.aclose()
 
-    with faults.FaultProxy(server, rate=0.0, restart_s=0.01) as proxy:
+    with faults.FaultProxy(server, rate=0.0, restart_s=0.001) as proxy:
         proxy.fail_next(2, kind)
         assert 1 <= len(asyncio.run(go(proxy.base_url)).output_ids) <= 3
         assert proxy.injected == {kind: 2}
@@ -162,7 +164,7 @@ def test_the_user_simulator_retries_through_each_fault(server: LoopbackServer, p
                                                        kind: str, client: str) -> None:
     """Two failures in a row of the user simulator's first call are retried; the episode goes on."""
     cfg = Tau2Config.from_env(USER_ENV)
-    with faults.FaultProxy(server, rate=0.0, restart_s=0.01) as proxy:
+    with faults.FaultProxy(server, rate=0.0, restart_s=0.001) as proxy:
         proxy.fail_next(2, kind)
         (traj,) = asyncio.run(faults.user_fault_episodes(policy_server, server, proxy.base_url, TASKS[:1], 1, cfg,
                                                          engine_kwargs=FAST_RETRIES, client=client))
