@@ -123,6 +123,15 @@ served_endpoint() {
   SERVED_NAME="${model#openai/}"
 }
 
+# An SGLang server in the foreground on GPUS: launch_sglang GPUS MODEL_PATH HOST PORT TP DP MEM_FRACTION [flags...]
+# (the policy, user-simulator and judge servers differ only in these and in their extra flags).
+launch_sglang() {
+  local gpus=$1 model=$2 host=$3 port=$4 tp=$5 dp=$6 mem=$7
+  shift 7
+  run env CUDA_VISIBLE_DEVICES="${gpus}" "${PYTHON}" -m sglang.launch_server --model-path "${model}" \
+    --host "${host}" --port "${port}" --tp-size "${tp}" --dp-size "${dp}" --mem-fraction-static "${mem}" "$@"
+}
+
 server_up() { curl -fsS --max-time 5 -o /dev/null "$1" 2>/dev/null; }
 require_server() {
   if is_dry; then note "dry run: not checking that $2 answers at $1"; return 0; fi

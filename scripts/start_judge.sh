@@ -30,11 +30,5 @@ require_port_free "${JUDGE_PORT}" "judge"
 require_gpus "${JUDGE_GPUS}" "judge"
 note "judge ${SERVED_NAME} on GPUs ${JUDGE_GPUS} (TP${JUDGE_TP} x DP${JUDGE_DP}), port ${JUDGE_PORT}"
 
-run env CUDA_VISIBLE_DEVICES="${JUDGE_GPUS}" "${PYTHON}" -m sglang.launch_server \
-  --model-path "${JUDGE_MODEL_PATH}" \
-  --served-model-name "${SERVED_NAME}" \
-  --host "${JUDGE_HOST}" \
-  --port "${JUDGE_PORT}" \
-  --tp-size "${JUDGE_TP}" \
-  --dp-size "${JUDGE_DP}" \
-  --mem-fraction-static "${JUDGE_MEM_FRACTION}"
+launch_sglang "${JUDGE_GPUS}" "${JUDGE_MODEL_PATH}" "${JUDGE_HOST}" "${JUDGE_PORT}" "${JUDGE_TP}" "${JUDGE_DP}" \
+  "${JUDGE_MEM_FRACTION}" --served-model-name "${SERVED_NAME}"

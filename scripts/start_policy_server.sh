@@ -25,10 +25,5 @@ require_port_free "${POLICY_PORT}" "policy server"
 require_gpus "${POLICY_GPUS}" "policy server"
 note "layout ${TAU2_GPU_LAYOUT}: policy server on GPUs ${POLICY_GPUS} (TP${POLICY_TP} x DP${POLICY_DP})"
 
-run env CUDA_VISIBLE_DEVICES="${POLICY_GPUS}" "${PYTHON}" -m sglang.launch_server \
-  --model-path "${POLICY_MODEL_PATH}" \
-  --host "${POLICY_HOST}" \
-  --port "${POLICY_PORT}" \
-  --tp-size "${POLICY_TP}" \
-  --dp-size "${POLICY_DP}" \
-  --mem-fraction-static "${POLICY_MEM_FRACTION}"
+launch_sglang "${POLICY_GPUS}" "${POLICY_MODEL_PATH}" "${POLICY_HOST}" "${POLICY_PORT}" "${POLICY_TP}" "${POLICY_DP}" \
+  "${POLICY_MEM_FRACTION}"

@@ -27,12 +27,6 @@ require_port_free "${USER_SIM_PORT}" "user simulator"
 require_gpus "${USER_SIM_GPUS}" "user simulator"
 note "layout ${TAU2_GPU_LAYOUT}: user simulator on GPUs ${USER_SIM_GPUS} (TP${USER_SIM_TP} x DP${USER_SIM_DP})"
 
-run env CUDA_VISIBLE_DEVICES="${USER_SIM_GPUS}" "${PYTHON}" -m sglang.launch_server \
-  --model-path "${USER_SIM_MODEL_PATH}" \
-  --served-model-name "${SERVED_NAME}" \
-  --host "${USER_SIM_HOST}" \
-  --port "${USER_SIM_PORT}" \
-  --tp-size "${USER_SIM_TP}" \
-  --dp-size "${USER_SIM_DP}" \
-  --mem-fraction-static "${USER_SIM_MEM_FRACTION}" \
+launch_sglang "${USER_SIM_GPUS}" "${USER_SIM_MODEL_PATH}" "${USER_SIM_HOST}" "${USER_SIM_PORT}" "${USER_SIM_TP}" \
+  "${USER_SIM_DP}" "${USER_SIM_MEM_FRACTION}" --served-model-name "${SERVED_NAME}" \
   --tool-call-parser "${USER_SIM_TOOL_PARSER}"

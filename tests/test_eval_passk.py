@@ -519,12 +519,17 @@ def test_pick_records_prefers_the_last_finished_episode() -> None:
     assert picked[("mock", "t", 0)]["status"] == "completed" and picked[("mock", "u", 0)]["error"] == "later"
 
 
-def test_append_after_a_torn_tail_truncates_it_first(tmp_path: Path) -> None:
-    path = tmp_path / "e.jsonl"
+def _one_episode_file(path: Path) -> None:
+    """An episodes file of settings {"seed": 1} on BENCH holding one finished episode."""
     log = EpisodesFile(path, {"seed": 1}, benchmark=BENCH)
     log.open_for_append()
     log.append(_rec("t", 0))
     log.close()
+
+
+def test_append_after_a_torn_tail_truncates_it_first(tmp_path: Path) -> None:
+    path = tmp_path / "e.jsonl"
+    _one_episode_file(path)
     with open(path, "ab") as f:
         f.write(b'{"domain": "mock", "task_')  # a write cut by SIGKILL
     again = EpisodesFile(path, {"seed": 1}, benchmark=BENCH)
@@ -539,10 +544,7 @@ def test_append_after_a_torn_tail_truncates_it_first(tmp_path: Path) -> None:
 
 def test_an_episode_file_of_another_tau2_version_or_task_set_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "e.jsonl"
-    log = EpisodesFile(path, {"seed": 1}, benchmark=BENCH)
-    log.open_for_append()
-    log.append(_rec("t", 0))
-    log.close()
+    _one_episode_file(path)
     other_version = {**BENCH, "tau2_version": "1.0.1"}
     with pytest.raises(EpisodesFileError, match=r"produced with tau2 26\.3, this run uses tau2 1\.0\.1") as e:
         EpisodesFile(path, {"seed": 1}, benchmark=other_version).load()
