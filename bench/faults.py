@@ -9,10 +9,10 @@ model requests the way servers and networks fail: connection refused (the server
 for a moment), reset mid-response (half of the answer, then the connection aborted), HTTP 500, an answer slower
 than the client's timeout, a body that is not JSON, a connection closed without an answer. User-simulator faults:
 the same, on the path from tau2's LLM user simulator to the server's `/v1/chat/completions`, through litellm and
-through the project's async client (tau2_rl_pipeline/user_client.py). Each row
+through the project's async client (tau2_rl_pipeline/benchmark/user_client.py). Each row
 counts completed / truncated / aborted episodes, the faults injected, and aborted episodes that were scored (must
 be 0). Bad model output: generated and adversarial completions through the parser, timed, and a subset through
-live episodes (must not crash). Prints markdown tables (for the README) and exits 0; tests/test_faults.py runs
+live episodes (must not crash). Prints markdown tables (for docs/hardening.md) and exits 0; tests/test_faults.py runs
 the same machinery at CI size.
 """
 
@@ -37,13 +37,28 @@ from aiohttp import web
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable as a script from anywhere
 
-from tau2_rl_pipeline.actions import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, format_tool_call, parse_completion  # noqa: E402
+from tau2_rl_pipeline.benchmark.actions import (  # noqa: E402
+    TOOL_CALL_CLOSE,
+    TOOL_CALL_OPEN,
+    format_tool_call,
+    parse_completion,
+)
+from tau2_rl_pipeline.benchmark.episode import build_environment  # noqa: E402
+from tau2_rl_pipeline.benchmark.users import ScriptedUser, make_user_factory  # noqa: E402
 from tau2_rl_pipeline.config import Tau2Config  # noqa: E402
-from tau2_rl_pipeline.engines import GenerateResult, SamplingParams, SGLangEngine  # noqa: E402
-from tau2_rl_pipeline.env import build_environment  # noqa: E402
-from tau2_rl_pipeline.loopback_server import HOST, Fault, LoopbackServer  # noqa: E402
-from tau2_rl_pipeline.rollout import ABORTED, COMPLETED, TRUNCATED, Trajectory, run_episode  # noqa: E402
-from tau2_rl_pipeline.users import ScriptedUser, make_user_factory  # noqa: E402
+from tau2_rl_pipeline.rollout.engines import (  # noqa: E402
+    GenerateResult,
+    SamplingParams,
+    SGLangEngine,
+)
+from tau2_rl_pipeline.rollout.episode_loop import (  # noqa: E402
+    ABORTED,
+    COMPLETED,
+    TRUNCATED,
+    Trajectory,
+    run_episode,
+)
+from tau2_rl_pipeline.testing.loopback_server import HOST, Fault, LoopbackServer  # noqa: E402
 
 CORPUS_DIR = Path(__file__).resolve().parents[1] / "tests" / "data" / "adversarial"
 
@@ -411,7 +426,7 @@ async def live_bad_output_episodes(tokenizer: Any, outputs: Sequence[str], cfg: 
 
 
 def _mock_tasks() -> list[Any]:
-    from tau2_rl_pipeline.tasks import load_tasks
+    from tau2_rl_pipeline.benchmark.tasks import load_tasks
 
     return load_tasks("mock", "base")
 
@@ -446,8 +461,12 @@ def fault_table(run: Callable[[str], list[Trajectory]], make_proxy: Callable[[Se
 def main(argv: Sequence[str] | None = None) -> int:
     import logging
 
-    from tau2_rl_pipeline.engines import TransformersEngine
-    from tau2_rl_pipeline.tiny_model import build_tiny_qwen3, domain_corpus, train_small_tokenizer
+    from tau2_rl_pipeline.rollout.engines import TransformersEngine
+    from tau2_rl_pipeline.testing.tiny_model import (
+        build_tiny_qwen3,
+        domain_corpus,
+        train_small_tokenizer,
+    )
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--episodes", type=int, default=200, help="episodes per fault row")

@@ -5,7 +5,7 @@
     .venv/bin/python bench/harness.py --profile            # + bench/profiles/harness_<variant>.txt (pyinstrument)
 
 Variants: `--workers` sets episode_workers (0: episode work on the event loop); `--gc` the GC policy after the
-warm-up: `policy` (default) is what the rollout drivers do once set up (tau2_rl_pipeline/gc_policy.py: freeze,
+warm-up: `policy` (default) is what the rollout drivers do once set up (tau2_rl_pipeline/rollout/gc_policy.py: freeze,
 rarer full passes), `freeze` only gc.freeze() (the drivers before that policy), `off` neither; `--native-env`
 turns fast_env off; `--procs N` splits the episodes and the concurrency over N rollout processes started together
 (what several rollout processes per node would give; the stall reported is the worst process's).
@@ -47,8 +47,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable as a sc
 
 import httpx  # noqa: E402
 
+from tau2_rl_pipeline.benchmark.actions import render_assistant_text  # noqa: E402
 from tau2_rl_pipeline.config import Tau2Config  # noqa: E402
-from tau2_rl_pipeline.actions import render_assistant_text  # noqa: E402
 
 PROFILES = Path(__file__).resolve().parent / "profiles"
 QWEN3 = Path(os.environ.get("TAU2_QWEN3_TOKENIZER", Path(__file__).resolve().parents[2] / "shared/tokenizers/qwen3"))
@@ -232,7 +232,7 @@ def load_tokenizer():
         return AutoTokenizer.from_pretrained(str(QWEN3))
     import tempfile
 
-    from tau2_rl_pipeline.tiny_model import domain_corpus, train_small_tokenizer
+    from tau2_rl_pipeline.testing.tiny_model import domain_corpus, train_small_tokenizer
 
     print(f"no Qwen3 tokenizer at {QWEN3} (set TAU2_QWEN3_TOKENIZER): using a small tokenizer trained on mock",
           file=sys.stderr)
@@ -240,14 +240,14 @@ def load_tokenizer():
 
 
 def policy_sampling(tokenizer):
-    from tau2_rl_pipeline.engines import SamplingParams
+    from tau2_rl_pipeline.rollout.engines import SamplingParams
 
     return SamplingParams(temperature=1.0, max_new_tokens=256, stop_token_ids=(tokenizer.eos_token_id,))
 
 
 def task_list(domain: str):
     """The domain's tasks whose conversation the policy has to carry (not ones whose history already ends it)."""
-    from tau2_rl_pipeline.tasks import load_tasks
+    from tau2_rl_pipeline.benchmark.tasks import load_tasks
 
     tasks = load_tasks(domain, "base" if domain == "mock" else "test")
     return [t for t in tasks if not (t.initial_state and t.initial_state.message_history)]
@@ -258,7 +258,7 @@ async def run_batch(base_url: str, domain: str, tasks: list, episodes: int, conc
     """`episodes` episodes (tasks cycled; the scripted user unless `user_factory` says otherwise) through the
     evaluator's runner, at most `concurrency` in flight: wall time, CPU, stalls, GC passes."""
     from eval.runner import run_episodes_on_sglang
-    from tau2_rl_pipeline.users import make_user_factory
+    from tau2_rl_pipeline.benchmark.users import make_user_factory
 
     pending = [(domain, task, i // len(tasks)) for i, task in enumerate(itertools.islice(itertools.cycle(tasks),
                                                                                         episodes))]
@@ -289,7 +289,7 @@ def settle_gc(mode: str) -> None:
     """After the warm-up: the rollout drivers' GC policy (`policy`), only the gc.freeze() they made before it
     (`freeze`), or nothing (`off`)."""
     if mode == "policy":
-        from tau2_rl_pipeline.gc_policy import settle
+        from tau2_rl_pipeline.rollout.gc_policy import settle
 
         settle()
     elif mode == "freeze":
@@ -411,7 +411,7 @@ def markdown_table(rows: list[tuple[str, str]]) -> str:
 
 def workers_label(workers: int, cfg: Tau2Config, blocking_user: bool, domain: str) -> str:
     """--workers as run: auto (-1, the default) with what it resolved to."""
-    from tau2_rl_pipeline.rollout import episode_threads
+    from tau2_rl_pipeline.rollout.episode_loop import episode_threads
 
     threads = episode_threads(replace(cfg, episode_workers=workers), blocking_user, (domain,))
     return str(workers) if workers >= 0 else f"auto ({threads})"
@@ -465,7 +465,7 @@ def main(argv: list[str] | None = None) -> int:
         serve(args.serve)
         return 0
     # tau2's evaluator raises on some mock tasks' env assertions; the episode logs it and scores 0 (expected here)
-    logging.getLogger("tau2_rl_pipeline.env").setLevel(logging.ERROR)
+    logging.getLogger("tau2_rl_pipeline.benchmark.episode").setLevel(logging.ERROR)
     if args.engine_url:
         tokenizer, tasks, cfg = warmed_up(args, args.engine_url)
         run_shard(args, lambda episodes, concurrency: asyncio.run(

@@ -6,9 +6,9 @@ vs. partial rollout, when the number of policy turns per episode has a long tail
 
 What runs: slime 624b824's own `generate_rollout` (slime/rollout/sglang_rollout.py) with its real data source
 (`RolloutDataSourceWithBuffer`), its over-sampling and end-of-rollout abort, calling this project's custom generate
-`tau2_rl_pipeline.slime_adapter.generate`: real tau2 episodes (mock domain, fast_env, real evaluation), tau2's LLM
+`tau2_rl_pipeline.slime_plugins.adapter.generate`: real tau2 episodes (mock domain, fast_env, real evaluation), tau2's LLM
 user through litellm, the policy through `SGLangEngine`. The model server is the loopback server
-(tau2_rl_pipeline/loopback_server.py: SGLang's HTTP contract, its abort included) in a process of its own
+(tau2_rl_pipeline/testing/loopback_server.py: SGLang's HTTP contract, its abort included) in a process of its own
 (bench/long_tail_server.py, which holds the script below); every model call (policy `/generate` and user chat)
 waits `--latency` seconds there. It answers scripted replies with a constant log-prob and no prefix-cache lookup:
 with its teacher-forced scoring (`--score`) it spent ~24 ms of CPU a call and, on 2 cores, set the pace of the
@@ -40,7 +40,7 @@ Modes, each from a fresh slime state and data source over the same rows:
                 when it does; what partial rollout keeps is the prompts and the samples of a group that had
                 completed;
   partial       --partial-rollout as the stage script runs it (TAU2_PARTIAL_RESUME=1, the default): a cut episode
-                goes on where it was cut when slime hands it back (tau2_rl_pipeline/partial_rollout.py).
+                goes on where it was cut when slime hands it back (tau2_rl_pipeline/slime_plugins/partial_rollout.py).
 Steady state of partial rollout: the mean of its steps after the first (which starts with an empty buffer).
 A turn in the books is one policy request: a turn cut in flight and its continuation count as two.
 Exits 0 and prints two markdown tables (walls side by side, then the books); 1 with one line if slime's sources
@@ -82,7 +82,7 @@ SERVER = Path(__file__).resolve().parent / "long_tail_server.py"
 def gold_turns(domains=GOLD_DOMAINS, split: str = "train") -> list[int]:
     """Policy turns each train task implies: one per gold action (agent tool calls and the user's own actions,
     which the agent has to ask for), plus an opening and a closing turn."""
-    from tau2_rl_pipeline.tasks import load_tasks
+    from tau2_rl_pipeline.benchmark.tasks import load_tasks
 
     turns = []
     for domain in domains:
@@ -133,7 +133,7 @@ def register_rows(turns: list[int]) -> list[dict]:
     row's turns in the user's instructions; returns slime's prompt rows for them."""
     from tau2.registry import registry
 
-    from tau2_rl_pipeline import tasks
+    from tau2_rl_pipeline.benchmark import tasks
 
     original = registry.get_tasks_loader("mock")
     template = next(t for t in original() if t.id == TEMPLATE_TASK)
@@ -269,7 +269,11 @@ def run_mode(mode: str, cfg: argparse.Namespace, model_dir: Path, rows_path: Pat
 
 
 def build_model(out: Path) -> Path:
-    from tau2_rl_pipeline.tiny_model import build_tiny_qwen3, domain_corpus, train_small_tokenizer
+    from tau2_rl_pipeline.testing.tiny_model import (
+        build_tiny_qwen3,
+        domain_corpus,
+        train_small_tokenizer,
+    )
 
     return build_tiny_qwen3(out / "tiny", train_small_tokenizer(domain_corpus(["mock"]), out / "tokenizer"))
 

@@ -42,7 +42,7 @@ class LongTailResponder:
     calls get_users until one turn is left and then closes, the user then stops."""
 
     def __init__(self, tokenizer, *, seed: int, tail_rate: float) -> None:
-        from tau2_rl_pipeline.actions import render_assistant_text
+        from tau2_rl_pipeline.benchmark.actions import render_assistant_text
 
         self.tok, self.seed, self.tail_rate = tokenizer, seed, tail_rate
         self.tool_ids = self.ids(render_assistant_text("", [("get_users", {})]))
@@ -81,8 +81,11 @@ def canned_server_class():
     hosts, not on the rollout machine: the teacher-forced scoring of scripted replies (log-probs here are a
     constant, as bench/harness.py's canned engine answers) and the prefix-cache lookup over recent prompts. With
     them, on 2 cores, this process saturated a core and set the pace of the over-sampled steps (`--score`)."""
-    from tau2_rl_pipeline.engines import GenerateResult
-    from tau2_rl_pipeline.loopback_server import LoopbackServer, truncate_scripted
+    from tau2_rl_pipeline.rollout.engines import GenerateResult
+    from tau2_rl_pipeline.testing.loopback_server import (
+        LoopbackServer,
+        truncate_scripted,
+    )
 
     class CannedLoopbackServer(LoopbackServer):
         def _cached_tokens(self, input_ids: list[int]) -> int:
@@ -101,7 +104,7 @@ def serve(model: str, latency: float, seed: int, tail_rate: float, score: bool) 
     """The loopback server with the responder; prints its port, then answers `stats` / `reset` lines on stdin."""
     import torch
 
-    from tau2_rl_pipeline.loopback_server import LoopbackServer
+    from tau2_rl_pipeline.testing.loopback_server import LoopbackServer
 
     # One thread: on a busy 2-core machine torch's two threads wait on each other (a 1000-token teacher-forced
     # scoring took 0.4-1.2 s instead of 15 ms).

@@ -26,9 +26,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import TOOL, CannedSGLang, load_tokenizer, policy_sampling  # noqa: E402
 
 from eval.runner import run_episodes_on_sglang  # noqa: E402
+from tau2_rl_pipeline.benchmark.tasks import load_tasks  # noqa: E402
+from tau2_rl_pipeline.benchmark.users import make_user_factory  # noqa: E402
 from tau2_rl_pipeline.config import Tau2Config  # noqa: E402
-from tau2_rl_pipeline.tasks import load_tasks  # noqa: E402
-from tau2_rl_pipeline.users import make_user_factory  # noqa: E402
 
 
 async def evaluate(base_url: str, pending: list, tokenizer, concurrency: int, cfg: Tau2Config) -> tuple[float, dict]:
@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="tau2's native environments and evaluation (fast_env off, TAU2_FAST_ENV=0)")
     args = parser.parse_args(argv)
     cfg = Tau2Config.from_env({}, fast_env=not args.native_env)
-    logging.getLogger("tau2_rl_pipeline.env").setLevel(logging.ERROR)  # mock's broken env assertion: scored 0
+    logging.getLogger("tau2_rl_pipeline.benchmark.episode").setLevel(logging.ERROR)  # mock's broken env assertion: scored 0
     logging.getLogger("eval_passk").setLevel(logging.ERROR)
 
     tokenizer = load_tokenizer()

@@ -34,15 +34,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from harness import PROFILES, load_tokenizer  # noqa: E402
 
-from tau2_rl_pipeline.actions import render_assistant_text  # noqa: E402
-from tau2_rl_pipeline.engines import sglang_generate_body  # noqa: E402
-from tau2_rl_pipeline.prompting import (  # noqa: E402
+from tau2_rl_pipeline.benchmark.actions import render_assistant_text  # noqa: E402
+from tau2_rl_pipeline.benchmark.prompting import (  # noqa: E402
     agent_system_prompt,
     assistant_chat_message,
     render,
     tool_schemas,
 )
-from tau2_rl_pipeline.tokens import ObservationTemplate, TokenBuffer  # noqa: E402
+from tau2_rl_pipeline.rollout.engines import sglang_generate_body  # noqa: E402
+from tau2_rl_pipeline.rollout.tokens import ObservationTemplate, TokenBuffer  # noqa: E402
 
 SIZES = (1024, 8192, 32768)
 LOGPROB = -0.5
@@ -171,7 +171,7 @@ def table(rows: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from tau2_rl_pipeline.engines import SamplingParams
+    from tau2_rl_pipeline.rollout.engines import SamplingParams
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", type=lambda s: [int(x) for x in s.split(",")], default=list(SIZES),

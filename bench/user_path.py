@@ -14,7 +14,7 @@ counted in its raw bytes, so the server spends next to no CPU of the machine mea
    (generate calls + user calls) x latency / concurrency: every call of an episode waits for the one before it.
    CPU per episode, event-loop stalls (a 10 ms heartbeat), efficiency = ideal / achieved. `--gc` and `--procs` as
    in bench/harness.py: the GC setting after the warm-up (default: the rollout drivers' policy,
-   tau2_rl_pipeline/gc_policy.py), and N rollout processes started together, each with 1/N of the episodes and of
+   tau2_rl_pipeline/rollout/gc_policy.py), and N rollout processes started together, each with 1/N of the episodes and of
    the concurrency (the stall reported is the worst process's).
 2. *User turns*: `--turns` calls of the user simulator alone (`generate_next_message` on a 13-message
    conversation, as in the issue's measurement; `--turn-domain telecom` with the user's 30 device tools), 32 in
@@ -101,7 +101,7 @@ def user_config(args: argparse.Namespace, user_url: str) -> Tau2Config:
 def warmed_up(args: argparse.Namespace, engine_url: str, user_url: str, tokenizer):
     """`batch(episodes, concurrency)`: a timed run of LLM-user episodes, made after an untimed warm-up and the GC
     setting of --gc (as `harness.warmed_up`)."""
-    from tau2_rl_pipeline.users import make_user_factory
+    from tau2_rl_pipeline.benchmark.users import make_user_factory
 
     cfg = user_config(args, user_url)
     factory = make_user_factory("llm", cfg)
@@ -176,9 +176,9 @@ def user_turns(args: argparse.Namespace, tmp: Path) -> dict:
     """CPU of this process per user-simulator call, 32 calls in flight (litellm: on 32 threads, as in a run)."""
     from tau2.data_model.message import AssistantMessage
 
-    from tau2_rl_pipeline.env import build_environment
-    from tau2_rl_pipeline.rollout import shared_executor
-    from tau2_rl_pipeline.users import make_user_factory
+    from tau2_rl_pipeline.benchmark.episode import build_environment
+    from tau2_rl_pipeline.benchmark.users import make_user_factory
+    from tau2_rl_pipeline.rollout.episode_loop import shared_executor
 
     with CannedUser(0.0, 10_000, tmp) as server:
         cfg = user_config(argparse.Namespace(**{**vars(args), "workers": max(args.workers, 32)}), server.base_url)
@@ -269,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     harness.check_procs(parser, args)
     import logging
 
-    logging.getLogger("tau2_rl_pipeline.env").setLevel(logging.ERROR)  # mock's evaluator raises on some tasks
+    logging.getLogger("tau2_rl_pipeline.benchmark.episode").setLevel(logging.ERROR)  # mock's evaluator raises on some tasks
     if args.engine_url:
         harness.run_shard(args, warmed_up(args, args.engine_url, args.user_url, harness.load_tokenizer()))
         return 0

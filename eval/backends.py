@@ -98,7 +98,7 @@ def load_local_engine(model_dir: Path, tokenizer: Any, device: str, flag: str) -
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
-    from tau2_rl_pipeline.engines import TransformersEngine
+    from tau2_rl_pipeline.rollout.engines import TransformersEngine
 
     hf_logging.disable_progress_bar()  # the run's own progress bar is the one to read
     try:

@@ -25,8 +25,11 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from tau2_rl_pipeline.benchmark.tau2_version import (
+    BenchmarkMismatch,
+    check_same_benchmark,
+)
 from tau2_rl_pipeline.files import atomic_write_bytes
-from tau2_rl_pipeline.tau2_version import BenchmarkMismatch, check_same_benchmark
 
 FORMAT = 1
 HEADER_KEY = "header"
@@ -222,7 +225,7 @@ class EpisodesFile:
 
 def check_graded_by_installed_tau2(path: Path) -> None:
     """EpisodesFileError (one line) unless the file's episodes were graded by the installed tau2's version."""
-    from tau2_rl_pipeline.tau2_version import VERSION
+    from tau2_rl_pipeline.benchmark.tau2_version import VERSION
 
     header, _, _ = parse_lines(Path(path).read_bytes())
     stored = ((header or {}).get("benchmark") or {}).get("tau2_version")

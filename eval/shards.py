@@ -17,8 +17,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from tau2_rl_pipeline.config import Tau2Config
-from tau2_rl_pipeline.engines import SamplingParams
-from tau2_rl_pipeline.gc_policy import settle
+from tau2_rl_pipeline.rollout.engines import SamplingParams
+from tau2_rl_pipeline.rollout.gc_policy import settle
 
 POLL_S = 1.0  # how often a silent queue makes the parent check that every shard is still alive
 
@@ -38,9 +38,9 @@ def _shard(index: int, episodes: list, sglang_url: str, tokenizer: Any, user_kin
            sampling: SamplingParams, seed: int, concurrency: int, out: Any) -> None:
     """One rollout process: its episodes through `run_episodes`, each record onto `out`, then ("done", error)."""
     from eval.runner import run_episodes_on_sglang
-    from tau2_rl_pipeline.users import make_user_factory
+    from tau2_rl_pipeline.benchmark.users import make_user_factory
 
-    settle()  # a rollout process of its own (tau2_rl_pipeline/gc_policy.py)
+    settle()  # a rollout process of its own (tau2_rl_pipeline/rollout/gc_policy.py)
     try:
         asyncio.run(run_episodes_on_sglang(
             sglang_url, episodes, concurrency=concurrency, tokenizer=tokenizer,

@@ -49,7 +49,7 @@ def check_submittable(version: str, domains: Sequence[str]) -> None:
     """What can be refused before a run: the tau2 that grades it, and whether any domain is on the leaderboard."""
     if version.split(".")[0] != "1":
         raise SubmissionError(f"this run is graded by tau2 {version}; the leaderboard grades with tau2-bench 1.x "
-                              "(1.0.1): install it (README, 'Two benchmarks') and evaluate again")
+                              "(1.0.1): install it (docs/tau2-versions.md) and evaluate again")
     if not any(d in LEADERBOARD_DOMAINS for d in domains):
         raise SubmissionError(f"none of {', '.join(domains)} is a leaderboard domain "
                               f"({', '.join(LEADERBOARD_DOMAINS)})")

@@ -20,7 +20,7 @@ require_tool "${HF_CLI}" "the Hugging Face CLI from huggingface_hub; set HF_CLI 
 run "${HF_CLI}" download "${HF_MODEL_ID}" --local-dir "${BASE_HF_DIR}"
 enter_dir "${TAU2_ROOT}"
 if [[ "${SEED_SOURCE}" == hub ]]; then
-  run "${PYTHON}" -m tau2_rl_pipeline.sft_data seed --dataset "${SEED_DATASET}" --out "${SEED_DATA}"
+  run "${PYTHON}" -m tau2_rl_pipeline.learning.sft_data seed --dataset "${SEED_DATASET}" --out "${SEED_DATA}"
 else
-  run "${PYTHON}" -m tau2_rl_pipeline.sft_data oracle --domains "${DOMAINS}" --split train --out "${SEED_DATA}"
+  run "${PYTHON}" -m tau2_rl_pipeline.learning.sft_data oracle --domains "${DOMAINS}" --split train --out "${SEED_DATA}"
 fi

@@ -23,7 +23,7 @@ require_server "${RFT_POLICY_URL%/}/health" "policy server (scripts/start_policy
 require_user_sim
 
 enter_dir "${TAU2_ROOT}"
-run "${PYTHON}" -m tau2_rl_pipeline.rft \
+run "${PYTHON}" -m tau2_rl_pipeline.selection.rft \
   --sglang-url "${RFT_POLICY_URL}" \
   --hf-checkpoint "${RFT_HF_CHECKPOINT}" \
   --domains "${DOMAINS}" \

@@ -9,12 +9,12 @@
 #   stage      script                          output (skip marker)
 #   download   download.sh                     ${BASE_HF_DIR}/config.json and ${SEED_DATA}
 #   convert    convert_hf_to_megatron.sh       ${BASE_TORCH_DIST_DIR}/latest_checkpointed_iteration.txt
-#   tasks      python -m tau2_rl_pipeline.tasks ${TASKS_DIR}/tau2_train_all_tasks.jsonl (and the test split)
+#   tasks      python -m tau2_rl_pipeline.benchmark.tasks ${TASKS_DIR}/tau2_train_all_tasks.jsonl (and the test split)
 #   sft        train_sft.sh                    ${SFT_CKPT_DIR}/.stage_done
 #   sft_hf     convert_megatron_to_hf.sh       ${SFT_HF_DIR}/config.json
 #   rft_data   start_policy_server.sh + generate_rft.sh   ${RFT_DATA}
 #   rft        train_rft.sh                    ${RFT_CKPT_DIR}/.stage_done
-#   grpo_tasks python -m tau2_rl_pipeline.difficulty ${GRPO_TASKS}: the train tasks whose RFT-sampling pass rate
+#   grpo_tasks python -m tau2_rl_pipeline.selection.difficulty ${GRPO_TASKS}: the train tasks whose RFT-sampling pass rate
 #              is in [TAU2_GRPO_MIN_PASS_RATE, TAU2_GRPO_MAX_PASS_RATE] (default: all), counts of each bound's drops
 #   grpo       train_grpo.sh                   ${GRPO_CKPT_DIR}/.stage_done
 #   grpo_hf    convert_megatron_to_hf.sh       ${GRPO_HF_DIR}/config.json
@@ -122,7 +122,7 @@ run_stage() {
     convert) stage_cmd bash "${SCRIPTS_DIR}/convert_hf_to_megatron.sh" ;;
     tasks)
       enter_dir "${TAU2_ROOT}"
-      run "${PYTHON}" -m tau2_rl_pipeline.tasks --local_dir "${TASKS_DIR}" --domains "${DOMAINS}" --splits train,test
+      run "${PYTHON}" -m tau2_rl_pipeline.benchmark.tasks --local_dir "${TASKS_DIR}" --domains "${DOMAINS}" --splits train,test
       ;;
     sft) stage_cmd bash "${SCRIPTS_DIR}/train_sft.sh" ;;
     sft_hf) stage_cmd env CKPT_IN="${SFT_CKPT_DIR}" HF_OUT="${SFT_HF_DIR}" bash "${SCRIPTS_DIR}/convert_megatron_to_hf.sh" ;;
@@ -137,7 +137,7 @@ run_stage() {
     grpo_tasks)
       require_file "${RFT_EPISODES}" "the RFT stage's episode file (scripts/generate_rft.sh)"
       enter_dir "${TAU2_ROOT}"
-      run "${PYTHON}" -m tau2_rl_pipeline.difficulty --episodes "${RFT_EPISODES}" \
+      run "${PYTHON}" -m tau2_rl_pipeline.selection.difficulty --episodes "${RFT_EPISODES}" \
         --tasks "${TASKS_DIR}/tau2_train_all_tasks.jsonl" --out "${GRPO_TASKS}"
       ;;
     grpo)

@@ -9,7 +9,7 @@
 # GRPO_ASYNC=1 runs slime's train_async.py instead: rollout for step n+1 runs while step n trains, on separate GPUs
 # (train_async.py refuses --colocate), so the policy GPUs are split: GRPO_ASYNC_ROLLOUT_GPUS (default half of them)
 # serve SGLang engines, the rest train (TRAIN_TP capped at their number). Needs at least 2 policy GPUs (layouts 8, 4).
-#   GRPO_ASYNC_ROLLOUT_FUNCTION  tau2_rl_pipeline.slime_adapter.generate_rollout_fully_async: slime's fully async
+#   GRPO_ASYNC_ROLLOUT_FUNCTION  tau2_rl_pipeline.slime_plugins.adapter.generate_rollout_fully_async: slime's fully async
 #                                rollout (a pool of episodes in flight across rollout boundaries; it calls our
 #                                custom generate through slime's generate_and_rm_group), stopped by an abort storm
 #                                (slime's worker alone would drop failing groups and wait for ever)
@@ -49,13 +49,13 @@ GRPO_MAX_RESPONSE_LEN="${GRPO_MAX_RESPONSE_LEN:-4096}"   # SGLang max_new_tokens
 GRPO_SAVE_INTERVAL="${GRPO_SAVE_INTERVAL:-20}"
 GRPO_MAX_TOKENS_PER_GPU="${GRPO_MAX_TOKENS_PER_GPU:-12288}"
 GRPO_SGLANG_MEM_FRACTION="${GRPO_SGLANG_MEM_FRACTION:-0.7}"
-# grpo: slime's PPO-clip policy loss; awsft: advantage-weighted SFT (tau2_rl_pipeline/slime_awsft.py, a slime
+# grpo: slime's PPO-clip policy loss; awsft: advantage-weighted SFT (tau2_rl_pipeline/slime_plugins/awsft.py, a slime
 # custom loss) on the same episodes, advantages and KL reference.
 GRPO_ALGORITHM="${GRPO_ALGORITHM:-grpo}"
 # true: drop groups whose samples all got the same reward (no GRPO signal) and sample more (a Tau2Config field).
 FILTER_ZERO_STD="$(bool_setting TAU2_FILTER_ZERO_STD "${TAU2_FILTER_ZERO_STD:-0}")"
 GRPO_ASYNC="$(bool_setting GRPO_ASYNC "${GRPO_ASYNC:-0}")"
-GRPO_ASYNC_ROLLOUT_FUNCTION="${GRPO_ASYNC_ROLLOUT_FUNCTION:-tau2_rl_pipeline.slime_adapter.generate_rollout_fully_async}"
+GRPO_ASYNC_ROLLOUT_FUNCTION="${GRPO_ASYNC_ROLLOUT_FUNCTION:-tau2_rl_pipeline.slime_plugins.adapter.generate_rollout_fully_async}"
 GRPO_ASYNC_ROLLOUT_GPUS="${GRPO_ASYNC_ROLLOUT_GPUS:-$((NUM_POLICY_GPUS / 2))}"
 GRPO_PARTIAL_ROLLOUT="$(bool_setting GRPO_PARTIAL_ROLLOUT "${GRPO_PARTIAL_ROLLOUT:-1}")"
 GRPO_USE_TIS="$(bool_setting GRPO_USE_TIS "${GRPO_USE_TIS:-1}")"
@@ -90,7 +90,7 @@ fi
 DP=$((ACTOR_GPUS / TRAIN_TP))
 ((GRPO_GLOBAL_BATCH_SIZE % DP == 0)) ||
   die "GRPO_GLOBAL_BATCH_SIZE=${GRPO_GLOBAL_BATCH_SIZE} is not a multiple of the data-parallel size ${DP}"
-require_file "${GRPO_PROMPT_DATA}" "GRPO task index (python -m tau2_rl_pipeline.tasks)"
+require_file "${GRPO_PROMPT_DATA}" "GRPO task index (python -m tau2_rl_pipeline.benchmark.tasks)"
 require_dir "${GRPO_INIT_DIR}" "initial torch_dist checkpoint (scripts/train_rft.sh)"
 require_file "${BASE_HF_DIR}/config.json" "base model (scripts/download.sh)"
 require_dir "${SLIME_DIR}" "slime (SLIME_DIR)"
@@ -153,14 +153,14 @@ SGLANG_ARGS=(
 )
 
 CUSTOM_ARGS=(
-  --custom-generate-function-path tau2_rl_pipeline.slime_adapter.generate
-  --custom-reward-post-process-path tau2_rl_pipeline.slime_adapter.reward_post_process
+  --custom-generate-function-path tau2_rl_pipeline.slime_plugins.adapter.generate
+  --custom-reward-post-process-path tau2_rl_pipeline.slime_plugins.adapter.reward_post_process
 )
 if [[ "${GRPO_ALGORITHM}" == awsft ]]; then
-  CUSTOM_ARGS+=(--loss-type custom_loss --custom-loss-function-path tau2_rl_pipeline.slime_awsft.awsft_loss_function)
+  CUSTOM_ARGS+=(--loss-type custom_loss --custom-loss-function-path tau2_rl_pipeline.slime_plugins.awsft.awsft_loss_function)
 fi
 if [[ "${FILTER_ZERO_STD}" == 1 ]]; then
-  CUSTOM_ARGS+=(--dynamic-sampling-filter-path tau2_rl_pipeline.slime_adapter.filter_zero_std_groups)
+  CUSTOM_ARGS+=(--dynamic-sampling-filter-path tau2_rl_pipeline.slime_plugins.adapter.filter_zero_std_groups)
 fi
 
 # Synchronous: train.py, rollout engines colocated with training. Asynchronous: train_async.py on split GPUs.

@@ -6,7 +6,7 @@
 #
 # Rows are {"messages": [...], "tools": [...]}; slime's SFT rollout builds tokens and the loss mask from them with
 # the chat template itself (no --apply-chat-template: on slime main it turns the prompt into a string and drops the
-# tools). The rollout function is slime's own, through tau2_rl_pipeline.slime_sft: it leaves the newline after each
+# tools). The rollout function is slime's own, through tau2_rl_pipeline.slime_plugins.sft: it leaves the newline after each
 # <|im_end|> untrained, as the local trainer does (the policy never samples it; see that module's docstring).
 # Starts from SFT_INIT_DIR's weights at step 0; resumes if SFT_SAVE_DIR already holds a checkpoint.
 set -euo pipefail
@@ -46,7 +46,7 @@ CKPT_ARGS=(
 )
 
 SFT_ARGS=(
-  --rollout-function-path tau2_rl_pipeline.slime_sft.generate_rollout
+  --rollout-function-path tau2_rl_pipeline.slime_plugins.sft.generate_rollout
   --prompt-data "${SFT_DATA}"
   --input-key messages
   --tool-key tools

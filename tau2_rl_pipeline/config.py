@@ -1,7 +1,7 @@
 """The one place that defines configuration.
 
 Every knob is a field of `Tau2Config`, read from a documented `TAU2_*` environment variable (listed in
-`configs/.env.template` and the README) and overridable from CLI flags. A bad value is a one-line
+`configs/.env.template` and docs/recipes-and-settings.md) and overridable from CLI flags. A bad value is a one-line
 `ConfigError` naming the variable. Secrets (API keys) are never fields: they are read from the
 environment by litellm / huggingface-hub when used.
 """

@@ -41,7 +41,7 @@ def qwen3_tokenizer() -> Any:
 @pytest.fixture(scope="session")
 def tiny_qwen3_dir(tmp_path_factory: pytest.TempPathFactory, qwen3_tokenizer: Any) -> Path:
     """A tiny random Qwen3 with the real Qwen3 tokenizer (151669-way vocabulary): inference-only tests."""
-    from tau2_rl_pipeline.tiny_model import build_tiny_qwen3
+    from tau2_rl_pipeline.testing.tiny_model import build_tiny_qwen3
 
     return build_tiny_qwen3(tmp_path_factory.mktemp("models") / "tiny-qwen3", qwen3_tokenizer)
 
@@ -49,7 +49,7 @@ def tiny_qwen3_dir(tmp_path_factory: pytest.TempPathFactory, qwen3_tokenizer: An
 @pytest.fixture(scope="session")
 def small_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Any:
     """A byte-level BPE tokenizer trained on tau2's mock domain, with Qwen3's markers and chat template."""
-    from tau2_rl_pipeline.tiny_model import domain_corpus, train_small_tokenizer
+    from tau2_rl_pipeline.testing.tiny_model import domain_corpus, train_small_tokenizer
 
     return train_small_tokenizer(domain_corpus(["mock"]), tmp_path_factory.mktemp("small-tokenizer"))
 
@@ -57,7 +57,7 @@ def small_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Any:
 @pytest.fixture(scope="session")
 def tiny_small_dir(tmp_path_factory: pytest.TempPathFactory, small_tokenizer: Any) -> Path:
     """A tiny random Qwen3 over the small tokenizer: cheap enough to sample from and train on CPU."""
-    from tau2_rl_pipeline.tiny_model import build_tiny_qwen3
+    from tau2_rl_pipeline.testing.tiny_model import build_tiny_qwen3
 
     return build_tiny_qwen3(tmp_path_factory.mktemp("models") / "tiny-small", small_tokenizer)
 
@@ -65,7 +65,7 @@ def tiny_small_dir(tmp_path_factory: pytest.TempPathFactory, small_tokenizer: An
 @pytest.fixture(scope="session")
 def tiny_engine(tiny_small_dir: Path) -> Any:
     """TransformersEngine over the small-tokenizer model (fp32, CPU). Tests pass explicit seeds."""
-    from tau2_rl_pipeline.engines import TransformersEngine
+    from tau2_rl_pipeline.rollout.engines import TransformersEngine
 
     return TransformersEngine.from_pretrained(tiny_small_dir, seed=0)
 
@@ -73,7 +73,7 @@ def tiny_engine(tiny_small_dir: Path) -> Any:
 @pytest.fixture
 def loopback(tiny_engine: Any) -> Iterator[Any]:
     """A fresh SGLang look-alike HTTP server on 127.0.0.1 (no faults, no latency, empty request log)."""
-    from tau2_rl_pipeline.loopback_server import LoopbackServer
+    from tau2_rl_pipeline.testing.loopback_server import LoopbackServer
 
     with LoopbackServer(tiny_engine) as server:
         yield server
@@ -85,9 +85,9 @@ def loopback_judge(tiny_engine: Any) -> Iterator[Any]:
     of every run for the whole session through the TAU2_JUDGE_* variables (subprocesses included)."""
     from judge_double import judge_answer
 
-    from tau2_rl_pipeline import judge
+    from tau2_rl_pipeline.benchmark import judge
     from tau2_rl_pipeline.config import Tau2Config
-    from tau2_rl_pipeline.loopback_server import LoopbackServer
+    from tau2_rl_pipeline.testing.loopback_server import LoopbackServer
 
     with LoopbackServer(tiny_engine, model_name="judge") as server:
         server.chat_answer = judge_answer()
@@ -110,7 +110,7 @@ def loopback_judge(tiny_engine: Any) -> Iterator[Any]:
 @pytest.fixture(autouse=True, scope="session")
 def _judge_for_tau2_v1(request: pytest.FixtureRequest) -> None:
     """On tau2 1.0.1, retail is graded by an LLM judge: every test evaluates with the loopback judge."""
-    from tau2_rl_pipeline.tau2_version import V1
+    from tau2_rl_pipeline.benchmark.tau2_version import V1
 
     if V1:
         request.getfixturevalue("loopback_judge")

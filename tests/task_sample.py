@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import os
 
-from tau2_rl_pipeline.tasks import load_tasks
-from tau2_rl_pipeline.tau2_version import needs_judge
+from tau2_rl_pipeline.benchmark.tasks import load_tasks
+from tau2_rl_pipeline.benchmark.tau2_version import needs_judge
 
 PER_DOMAIN_ENV = "TAU2_TEST_TASKS_PER_DOMAIN"
 

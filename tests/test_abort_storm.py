@@ -2,7 +2,7 @@
 
 import pytest
 
-from tau2_rl_pipeline.abort_storm import AbortStorm, AbortStormGuard
+from tau2_rl_pipeline.rollout.abort_storm import AbortStorm, AbortStormGuard
 
 
 def feed(guard, outcomes):

@@ -1,4 +1,4 @@
-"""Tests for tau2_rl_pipeline.actions: Qwen3 tool-call parsing, its error observations, and template rendering."""
+"""Tests for tau2_rl_pipeline.benchmark.actions: Qwen3 tool-call parsing, its error observations, and template rendering."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tau2_rl_pipeline.actions import (
+from tau2_rl_pipeline.benchmark.actions import (
     END_OF_TURN_TOKENS,
     TOOL_CALL_CLOSE,
     TOOL_CALL_OPEN,

@@ -18,12 +18,17 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tau2_rl_pipeline.actions import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, format_tool_call, parse_completion
+from tau2_rl_pipeline.benchmark.actions import (
+    TOOL_CALL_CLOSE,
+    TOOL_CALL_OPEN,
+    format_tool_call,
+    parse_completion,
+)
+from tau2_rl_pipeline.benchmark.episode import Episode, build_environment
+from tau2_rl_pipeline.benchmark.tasks import load_tasks
+from tau2_rl_pipeline.benchmark.users import ScriptedUser
 from tau2_rl_pipeline.config import Tau2Config
-from tau2_rl_pipeline.env import Episode, build_environment
-from tau2_rl_pipeline.rollout import COMPLETED, TRUNCATED
-from tau2_rl_pipeline.tasks import load_tasks
-from tau2_rl_pipeline.users import ScriptedUser
+from tau2_rl_pipeline.rollout.episode_loop import COMPLETED, TRUNCATED
 
 ROOT = Path(__file__).resolve().parents[1]
 TOTAL_OUTPUTS = 10_000

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tau2_rl_pipeline.tau2_version import V1
+from tau2_rl_pipeline.benchmark.tau2_version import V1
 
 pytestmark = pytest.mark.skipif(not V1, reason="tau2 1.0.1 only (tests/test_tau2_v1.py runs this file on 1.0.1)")
 
@@ -28,7 +28,7 @@ TASKS = ["task_005", "task_017", "task_004", "task_102"]
 
 
 def _task(task_id: str):
-    from tau2_rl_pipeline.tasks import get_task
+    from tau2_rl_pipeline.benchmark.tasks import get_task
 
     return get_task(DOMAIN, task_id)
 
@@ -54,8 +54,8 @@ def _replay(task, keep=None):
     knowledge-base search first so the retrieval tool runs and tau2's strict replay re-checks its answer."""
     from tau2.data_model.simulation import TerminationReason
 
-    from tau2_rl_pipeline.env import Episode
-    from tau2_rl_pipeline.oracle import final_message, gold_actions
+    from tau2_rl_pipeline.benchmark.episode import Episode
+    from tau2_rl_pipeline.benchmark.oracle import final_message, gold_actions
 
     episode = Episode(DOMAIN, task, user=None, fast=True)
     episode.start()
@@ -71,8 +71,12 @@ def _replay(task, keep=None):
 
 
 def test_tasks_load_as_one_set_of_97_and_the_variant_is_part_of_the_benchmark_id() -> None:
-    from tau2_rl_pipeline.tasks import TaskLookupError, load_tasks
-    from tau2_rl_pipeline.tau2_version import BenchmarkMismatch, benchmark_id, check_same_benchmark
+    from tau2_rl_pipeline.benchmark.tasks import TaskLookupError, load_tasks
+    from tau2_rl_pipeline.benchmark.tau2_version import (
+        BenchmarkMismatch,
+        benchmark_id,
+        check_same_benchmark,
+    )
 
     tasks = load_tasks(DOMAIN, "base")
     assert len(tasks) == 97 and len({t.id for t in tasks}) == 97
@@ -87,7 +91,7 @@ def test_tasks_load_as_one_set_of_97_and_the_variant_is_part_of_the_benchmark_id
 
 @pytest.mark.parametrize("task_id", TASKS)
 def test_oracle_replay_scores_1_and_equals_tau2s_native_path(task_id: str) -> None:
-    from tau2_rl_pipeline.prompting import tool_schemas
+    from tau2_rl_pipeline.benchmark.prompting import tool_schemas
 
     task = _task(task_id)
     episode = _replay(task)
@@ -104,7 +108,7 @@ def test_oracle_replay_scores_1_and_equals_tau2s_native_path(task_id: str) -> No
 
 @pytest.mark.parametrize("task_id", ["task_005", "task_017"])
 def test_a_replay_without_its_last_write_scores_the_same_lower_reward_on_both_paths(task_id: str) -> None:
-    from tau2_rl_pipeline.oracle import last_write_index
+    from tau2_rl_pipeline.benchmark.oracle import last_write_index
 
     task = _task(task_id)
     last = last_write_index(DOMAIN, task)
@@ -115,9 +119,9 @@ def test_a_replay_without_its_last_write_scores_the_same_lower_reward_on_both_pa
 
 
 def test_fast_env_is_not_used_for_banking_and_other_domains_keep_it() -> None:
-    from tau2_rl_pipeline.env import Episode, build_environment
-    from tau2_rl_pipeline.fast_env import fast_environment, has_fast_path
-    from tau2_rl_pipeline.tasks import load_tasks
+    from tau2_rl_pipeline.benchmark.episode import Episode, build_environment
+    from tau2_rl_pipeline.benchmark.fast_env import fast_environment, has_fast_path
+    from tau2_rl_pipeline.benchmark.tasks import load_tasks
 
     assert not has_fast_path(DOMAIN) and has_fast_path("airline")
     with pytest.raises(ValueError, match="^fast_env has no path for banking_knowledge: "):
@@ -126,12 +130,12 @@ def test_fast_env_is_not_used_for_banking_and_other_domains_keep_it() -> None:
     assert not episode.fast and type(episode.env.tools).__module__.startswith("tau2.")
     assert type(build_environment(DOMAIN, True, task=_task("task_004")).tools).__module__.startswith("tau2.")
     mock = Episode("mock", load_tasks("mock", "base")[0], None, fast=True)
-    assert mock.fast and type(mock.env.tools).__module__ == "tau2_rl_pipeline.fast_env"
+    assert mock.fast and type(mock.env.tools).__module__ == "tau2_rl_pipeline.benchmark.fast_env"
 
 
 def test_the_retrieval_variant_setting_reaches_the_environment_and_the_evaluator() -> None:
+    from tau2_rl_pipeline.benchmark.episode import Episode
     from tau2_rl_pipeline.config import Tau2Config
-    from tau2_rl_pipeline.env import Episode
 
     task = _task("task_004")
     cfg = Tau2Config.from_env({"TAU2_RETRIEVAL_VARIANT": "grep_only"})
@@ -144,9 +148,9 @@ def test_the_retrieval_variant_setting_reaches_the_environment_and_the_evaluator
 
 
 def test_the_gym_env_builds_banking_with_its_variant_and_scores_with_tau2s_evaluator() -> None:
-    from tau2_rl_pipeline.env import Tau2GymEnv
-    from tau2_rl_pipeline.sft_data import demo_turns
-    from tau2_rl_pipeline.users import ScriptedUser
+    from tau2_rl_pipeline.benchmark.gym_env import Tau2GymEnv
+    from tau2_rl_pipeline.benchmark.users import ScriptedUser
+    from tau2_rl_pipeline.learning.sft_data import demo_turns
 
     task = _task("task_004")
     env = Tau2GymEnv(DOMAIN, [task], lambda t, environment: ScriptedUser(t), retrieval_variant="grep_only")
@@ -160,7 +164,11 @@ def test_the_gym_env_builds_banking_with_its_variant_and_scores_with_tau2s_evalu
 
 def test_a_variant_that_cannot_run_here_is_refused_in_one_line(monkeypatch, tmp_path: Path) -> None:
     from eval.eval_passk import main
-    from tau2_rl_pipeline.tau2_version import RetrievalVariantError, check_retrieval_variant, retrieval_needs
+    from tau2_rl_pipeline.benchmark.tau2_version import (
+        RetrievalVariantError,
+        check_retrieval_variant,
+        retrieval_needs,
+    )
 
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     assert retrieval_needs("alltools") == ["rank_bm25", "OPENAI_API_KEY", "srt"]
@@ -179,7 +187,9 @@ def test_a_variant_that_cannot_run_here_is_refused_in_one_line(monkeypatch, tmp_
     assert rc == 2 and not (tmp_path / "r.json").exists()
     (line,) = err.getvalue().strip().splitlines()
     assert line.startswith("error: banking_knowledge's retrieval variant 'alltools' needs OPENAI_API_KEY"), line
-    from tau2_rl_pipeline.local_pipeline import main as demo  # the demo refuses it the same way
+    from tau2_rl_pipeline.local.pipeline import (
+        main as demo,  # the demo refuses it the same way
+    )
 
     err = io.StringIO()
     with contextlib.redirect_stderr(err):
@@ -194,12 +204,15 @@ def test_an_evaluation_on_banking_is_read_by_tau2_and_its_submission_passes_tau2
     from rich.console import Console
     from tau2.data_model.simulation import Results
     from tau2.metrics.agent_metrics import compute_metrics
-    from tau2.scripts.leaderboard.prepare_submission import check_and_load_submission_data, validate_submission_metrics
+    from tau2.scripts.leaderboard.prepare_submission import (
+        check_and_load_submission_data,
+        validate_submission_metrics,
+    )
     from tau2.scripts.leaderboard.submission import Submission
 
     from eval.eval_passk import main
-    from tau2_rl_pipeline.loopback_server import LoopbackServer
-    from tau2_rl_pipeline.sft_data import demo_turns
+    from tau2_rl_pipeline.learning.sft_data import demo_turns
+    from tau2_rl_pipeline.testing.loopback_server import LoopbackServer
 
     ids = ["task_001", "task_004"]  # a user-side write (the scripted user performs it), an ACTION-basis task
     tok = tiny_engine.tokenizer

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
+from tau2_rl_pipeline.benchmark.tasks import TaskLookupError, get_task
+from tau2_rl_pipeline.benchmark.users import UserConfigError, make_user_factory
 from tau2_rl_pipeline.config import Tau2Config
-from tau2_rl_pipeline.engines import EngineError, SamplingParams, SGLangEngine
-from tau2_rl_pipeline.tasks import TaskLookupError, get_task
-from tau2_rl_pipeline.users import UserConfigError, make_user_factory
+from tau2_rl_pipeline.rollout.engines import EngineError, SamplingParams, SGLangEngine
 
 ROOT = Path(__file__).resolve().parents[1]
 KEYS = ("OPENAI_API_KEY", "HF_TOKEN", "WANDB_API_KEY", "ANTHROPIC_API_KEY")
@@ -43,17 +43,17 @@ def one_line(proc: subprocess.CompletedProcess) -> str:
 
 
 @pytest.mark.parametrize("args,expected", [
-    (["-m", "tau2_rl_pipeline.tasks", "--local-dir", "out", "--splits", "nope"],
+    (["-m", "tau2_rl_pipeline.benchmark.tasks", "--local-dir", "out", "--splits", "nope"],
      ["unknown split 'nope'", "valid splits:"]),
-    (["-m", "tau2_rl_pipeline.oracle", "--domain", "nope"], ["unknown domain 'nope'", "valid domains:"]),
-    (["-m", "tau2_rl_pipeline.rft", "--episodes", "missing.jsonl", "--out", "rows.jsonl"],
+    (["-m", "tau2_rl_pipeline.benchmark.oracle", "--domain", "nope"], ["unknown domain 'nope'", "valid domains:"]),
+    (["-m", "tau2_rl_pipeline.selection.rft", "--episodes", "missing.jsonl", "--out", "rows.jsonl"],
      ["missing.jsonl", "No such file"]),
-    (["-m", "tau2_rl_pipeline.local_pipeline", "--split", "nope", "--out", "demo"],
+    (["-m", "tau2_rl_pipeline.local.pipeline", "--split", "nope", "--out", "demo"],
      ["unknown split 'nope'", "valid splits: base"]),
-    (["-m", "tau2_rl_pipeline.local_pipeline", "--model", "no/such/model", "--out", "demo"], ["no/such/model"]),
-    (["-m", "tau2_rl_pipeline.loopback_server", "--model", "no/such/model", "--port", "0"],
+    (["-m", "tau2_rl_pipeline.local.pipeline", "--model", "no/such/model", "--out", "demo"], ["no/such/model"]),
+    (["-m", "tau2_rl_pipeline.testing.loopback_server", "--model", "no/such/model", "--port", "0"],
      ["no/such/model", "config.json"]),
-    (["-m", "tau2_rl_pipeline.rft", "--sglang-url", "http://127.0.0.1:9", "--domains", "mock", "--task-split", "base",
+    (["-m", "tau2_rl_pipeline.selection.rft", "--sglang-url", "http://127.0.0.1:9", "--domains", "mock", "--task-split", "base",
       "--num-samples", "1", "--out", "rows.jsonl", "--hf-checkpoint", "."],
      ["OPENAI_API_KEY", "TAU2_USER_API_BASE", "--user scripted"]),
 ])
@@ -104,7 +104,7 @@ def test_an_unreachable_policy_server_error_says_what_to_do() -> None:
 
 
 def test_a_demo_report_of_another_tau2_is_not_resumed(tmp_path, capsys):
-    from tau2_rl_pipeline.local_pipeline import main
+    from tau2_rl_pipeline.local.pipeline import main
 
     other = {"tau2_version": "0.9", "task_set_hash": "x"}
     (tmp_path / "report.json").write_text(json.dumps({"benchmark": other, "stages": {"base": {}}}))

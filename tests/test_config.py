@@ -10,7 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from tau2_rl_pipeline.config import ConfigError, Tau2Config, add_config_args, config_from_args, env_var
+from tau2_rl_pipeline.config import (
+    ConfigError,
+    Tau2Config,
+    add_config_args,
+    config_from_args,
+    env_var,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 TEMPLATE = ROOT / "configs" / ".env.template"
@@ -121,8 +127,8 @@ def test_cli_values_are_validated_too():
         _parse(["--partial-weights", "1,2"], {})
 
 
-def test_readme_documents_every_variable_with_its_default():
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+def test_the_settings_page_documents_every_variable_with_its_default():
+    readme = (Path(__file__).resolve().parents[1] / "docs" / "recipes-and-settings.md").read_text()
     for f in fields(Tau2Config):
         default = ",".join(map(str, f.default)) if isinstance(f.default, tuple) else str(f.default)
         assert f"| `{env_var(f.name)}` | `{default}` |" in readme, env_var(f.name)

@@ -17,7 +17,11 @@ from pathlib import Path
 import pytest
 
 from tau2_rl_pipeline.config import Tau2Config
-from tau2_rl_pipeline.curriculum import STATE_FILE, CurriculumTracker, state_path
+from tau2_rl_pipeline.learning.curriculum import (
+    STATE_FILE,
+    CurriculumTracker,
+    state_path,
+)
 
 CFG = Tau2Config()
 ROOT = Path(__file__).resolve().parents[1]
@@ -145,7 +149,7 @@ def test_restore_starts_fresh_without_a_file_and_refuses_a_bad_one(tmp_path):
 
 
 def test_a_state_of_another_tau2_is_refused_in_one_line_and_an_older_one_without_a_version_loads(tmp_path):
-    from tau2_rl_pipeline.tau2_version import VERSION, BenchmarkMismatch
+    from tau2_rl_pipeline.benchmark.tau2_version import VERSION, BenchmarkMismatch
 
     tracker = _tracker(**{"airline/1": [True, False]})
     path = tmp_path / STATE_FILE
@@ -164,7 +168,7 @@ def test_a_state_of_another_tau2_is_refused_in_one_line_and_an_older_one_without
 _WRITER = textwrap.dedent("""
     import sys
     from tau2_rl_pipeline.config import Tau2Config
-    from tau2_rl_pipeline.curriculum import CurriculumTracker
+    from tau2_rl_pipeline.learning.curriculum import CurriculumTracker
     path = sys.argv[1]
     tracker = CurriculumTracker.restore(Tau2Config(), path)
     i = 0

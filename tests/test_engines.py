@@ -21,7 +21,7 @@ import httpx
 import pytest
 import torch
 
-from tau2_rl_pipeline.engines import (
+from tau2_rl_pipeline.rollout.engines import (
     EngineError,
     GenerateResult,
     SamplingParams,
@@ -33,8 +33,13 @@ from tau2_rl_pipeline.engines import (
     sampling_logprobs,
     sglang_generate_body,
 )
-from tau2_rl_pipeline.loopback_server import Fault, LoopbackServer, parse_qwen3_tool_calls, truncate_scripted
-from tau2_rl_pipeline.tiny_model import (
+from tau2_rl_pipeline.testing.loopback_server import (
+    Fault,
+    LoopbackServer,
+    parse_qwen3_tool_calls,
+    truncate_scripted,
+)
+from tau2_rl_pipeline.testing.tiny_model import (
     QWEN3_CHAT_TEMPLATE,
     SPECIAL_TOKENS,
     TOOL_TOKENS,

@@ -3,12 +3,13 @@
 import pytest
 from tau2.data_model.simulation import TerminationReason
 
-from tau2_rl_pipeline.actions import format_tool_call, render_assistant_text
-from tau2_rl_pipeline.env import Episode, Tau2GymEnv
-from tau2_rl_pipeline.oracle import final_message, gold_actions
-from tau2_rl_pipeline.prompting import render
-from tau2_rl_pipeline.tasks import get_task, load_tasks
-from tau2_rl_pipeline.users import ScriptedUser
+from tau2_rl_pipeline.benchmark.actions import format_tool_call, render_assistant_text
+from tau2_rl_pipeline.benchmark.episode import Episode
+from tau2_rl_pipeline.benchmark.gym_env import Tau2GymEnv
+from tau2_rl_pipeline.benchmark.oracle import final_message, gold_actions
+from tau2_rl_pipeline.benchmark.prompting import render
+from tau2_rl_pipeline.benchmark.tasks import get_task, load_tasks
+from tau2_rl_pipeline.benchmark.users import ScriptedUser
 
 
 def _episode(domain, split, index=0, **kw):

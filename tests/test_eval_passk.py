@@ -26,8 +26,6 @@ from pathlib import Path
 
 import pytest
 from task_sample import representative
-
-from tau2_rl_pipeline.rollout import turn_seed
 from tau2.data_model.simulation import Results
 from tau2.metrics.agent_metrics import compute_metrics
 
@@ -44,13 +42,14 @@ from eval.episodes_file import (
 from eval.eval_passk import main
 from eval.runner import episode_seed, run_episodes
 from eval.tau2_results import results_info, tau2_results
+from tau2_rl_pipeline.benchmark.tasks import load_tasks
+from tau2_rl_pipeline.benchmark.tau2_version import V1, needs_judge
+from tau2_rl_pipeline.benchmark.users import make_user_factory, opening_request
 from tau2_rl_pipeline.config import Tau2Config
-from tau2_rl_pipeline.engines import GenerateResult, SamplingParams
-from tau2_rl_pipeline.loopback_server import LoopbackServer
 from tau2_rl_pipeline.metrics import summarize
-from tau2_rl_pipeline.tasks import load_tasks
-from tau2_rl_pipeline.tau2_version import V1, needs_judge
-from tau2_rl_pipeline.users import make_user_factory, opening_request
+from tau2_rl_pipeline.rollout.engines import GenerateResult, SamplingParams
+from tau2_rl_pipeline.rollout.episode_loop import turn_seed
+from tau2_rl_pipeline.testing.loopback_server import LoopbackServer
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 MOCK_IDS = [t.id for t in load_tasks("mock", "base")]

@@ -20,15 +20,15 @@ from tau2.environment.toolkit import ToolType
 from tau2.registry import registry
 from tau2.utils import get_dict_hash
 
-from tau2_rl_pipeline.env import Episode
-from tau2_rl_pipeline.fast_env import (
+from tau2_rl_pipeline.benchmark.episode import Episode
+from tau2_rl_pipeline.benchmark.fast_env import (
     CopyOnReadTable,
     check_shared_records,
     fast_environment,
 )
-from tau2_rl_pipeline.oracle import final_message, gold_actions
-from tau2_rl_pipeline.prompting import tool_schemas
-from tau2_rl_pipeline.tasks import TaskLookupError, load_tasks
+from tau2_rl_pipeline.benchmark.oracle import final_message, gold_actions
+from tau2_rl_pipeline.benchmark.prompting import tool_schemas
+from tau2_rl_pipeline.benchmark.tasks import TaskLookupError, load_tasks
 
 TEST_TASKS = test_tasks()  # every test task (a representative subset in the tau2 1.0.1 pass: tests/task_sample.py)
 TEST_TASKS += [("mock", t) for t in load_tasks("mock", "base")]  # mock: initialization data and history
@@ -175,7 +175,7 @@ def test_environments_from_one_parsed_db_do_not_see_each_others_writes():
 
 
 def test_remembered_db_hashes_are_tau2s_for_every_kind_of_change():
-    from tau2_rl_pipeline.fast_env import _shared_dbs
+    from tau2_rl_pipeline.benchmark.fast_env import _shared_dbs
 
     digests = _shared_dbs("retail")[0]._digests
 

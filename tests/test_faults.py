@@ -22,17 +22,18 @@ from typing import Any
 import httpx
 import pytest
 
+from tau2_rl_pipeline.benchmark.tasks import load_tasks
 from tau2_rl_pipeline.config import Tau2Config
-from tau2_rl_pipeline.engines import SamplingParams, SGLangEngine
-from tau2_rl_pipeline.loopback_server import LoopbackServer
 from tau2_rl_pipeline.metrics import summarize
-from tau2_rl_pipeline.rollout import ABORTED, Trajectory
-from tau2_rl_pipeline.tasks import load_tasks
+from tau2_rl_pipeline.rollout.engines import SamplingParams, SGLangEngine
+from tau2_rl_pipeline.rollout.episode_loop import ABORTED, Trajectory
+from tau2_rl_pipeline.testing.loopback_server import LoopbackServer
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 from bench_faults import faults  # noqa: E402  (bench/faults.py, shared by the hardening tests)
+
 TASKS = load_tasks("mock", "base")
 CLIENT_TIMEOUT_S = 3.0  # generous: on 2 busy cores a queued request can take a second
 HANG_S = 5.0  # a "slow" answer comes this late: past the client's timeout
@@ -201,7 +202,7 @@ _LAUNCHER = r"""
 import json, os, sys
 import tau2_rl_pipeline
 from eval import eval_passk
-from tau2_rl_pipeline import rft
+from tau2_rl_pipeline.selection import rft
 from transformers import AutoTokenizer
 AutoTokenizer.from_pretrained(sys.argv[1])  # imports what loading the checkpoint's tokenizer needs, once
 MAINS = {"eval": eval_passk.main, "rft": rft.main}
@@ -316,7 +317,7 @@ def test_evaluator_and_rft_sampler_killed_20_times_resume_to_an_uninterrupted_ru
 _CURRICULUM_WRITER = r"""
 import sys
 from tau2_rl_pipeline.config import Tau2Config
-from tau2_rl_pipeline.curriculum import CurriculumTracker
+from tau2_rl_pipeline.learning.curriculum import CurriculumTracker
 path, total = sys.argv[1], int(sys.argv[2])
 tracker = CurriculumTracker.restore(Tau2Config(), path)
 for i in range(tracker.groups_seen, total):  # event i: a fixed task and outcome, then a save
@@ -330,7 +331,7 @@ CURRICULUM_EVENTS = 3000
 
 
 def _curriculum_reference() -> Any:
-    from tau2_rl_pipeline.curriculum import CurriculumTracker
+    from tau2_rl_pipeline.learning.curriculum import CurriculumTracker
 
     reference = CurriculumTracker(Tau2Config())
     for i in range(CURRICULUM_EVENTS):
@@ -343,7 +344,7 @@ def _curriculum_reference() -> Any:
 def killed_curriculum(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[int]]:
     """The curriculum writer killed 20 times mid-run, each run restoring the last one's state, then run to the end;
     returns the state file and the events saved at each kill."""
-    from tau2_rl_pipeline.curriculum import CurriculumTracker
+    from tau2_rl_pipeline.learning.curriculum import CurriculumTracker
 
     path = tmp_path_factory.mktemp("curriculum") / "curriculum_state.json"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -366,7 +367,7 @@ def killed_curriculum(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, l
 
 
 def test_curriculum_state_killed_20_times_resumes_to_an_uninterrupted_run(killed_curriculum) -> None:
-    from tau2_rl_pipeline.curriculum import CurriculumTracker
+    from tau2_rl_pipeline.learning.curriculum import CurriculumTracker
 
     path, seen = killed_curriculum
     assert seen == sorted(seen) and 0 < seen[-1] < CURRICULUM_EVENTS  # progress across kills, not yet done

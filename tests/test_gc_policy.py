@@ -1,4 +1,4 @@
-"""The rollout processes' GC policy (tau2_rl_pipeline/gc_policy.py): rarer full passes, and cyclic garbage still
+"""The rollout processes' GC policy (tau2_rl_pipeline/rollout/gc_policy.py): rarer full passes, and cyclic garbage still
 collected, young and old, without anyone calling gc.collect()."""
 
 import gc
@@ -6,7 +6,7 @@ import weakref
 
 import pytest
 
-from tau2_rl_pipeline import gc_policy
+from tau2_rl_pipeline.rollout import gc_policy
 
 
 class Node:

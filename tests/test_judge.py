@@ -1,4 +1,4 @@
-"""The NL-assertion judge client (tau2_rl_pipeline/judge.py) against a real loopback HTTP server, and, on tau2
+"""The NL-assertion judge client (tau2_rl_pipeline/benchmark/judge.py) against a real loopback HTTP server, and, on tau2
 1.0.1, tau2's own NL evaluator calling it: retries with backoff, timeouts, token counts, and a judge outage that
 aborts episodes instead of scoring them."""
 
@@ -14,11 +14,18 @@ from typing import Any
 import pytest
 from judge_double import expected_outcomes, judge_answer
 
-from tau2_rl_pipeline import judge
+from tau2_rl_pipeline.benchmark import judge
+from tau2_rl_pipeline.benchmark.judge import (
+    Judge,
+    JudgeConfigError,
+    JudgeError,
+    JudgeSettings,
+    check_answer,
+    episode_usage,
+)
+from tau2_rl_pipeline.benchmark.tau2_version import V1, judge_default_model, needs_judge
 from tau2_rl_pipeline.config import ConfigError, Tau2Config
-from tau2_rl_pipeline.judge import Judge, JudgeConfigError, JudgeError, JudgeSettings, check_answer, episode_usage
-from tau2_rl_pipeline.loopback_server import Fault, LoopbackServer
-from tau2_rl_pipeline.tau2_version import V1, judge_default_model, needs_judge
+from tau2_rl_pipeline.testing.loopback_server import Fault, LoopbackServer
 
 PROMPT = [{"role": "system", "content": "grade"},
           {"role": "user", "content": "conversation:\nuser: hi\n\nexpectedOutcomes:\n['Agent greets', 'Agent helps']"}]
@@ -126,14 +133,14 @@ def test_usage_is_counted_per_thread_for_each_episode(server) -> None:
 # -- tau2 1.0.1: tau2's own evaluator, our judge -------------------------------------------------------------------
 
 def _retail_judged_task():
-    from tau2_rl_pipeline.tasks import load_tasks
+    from tau2_rl_pipeline.benchmark.tasks import load_tasks
 
     return next(t for t in load_tasks("retail", "test") if needs_judge(t))
 
 
 @needs_v1
 def test_tau2_grades_nl_assertions_with_the_installed_judge(loopback_judge) -> None:
-    from tau2_rl_pipeline.oracle import replay_gold_actions
+    from tau2_rl_pipeline.benchmark.oracle import replay_gold_actions
 
     task = _retail_judged_task()
     before = judge.active().usage.calls
@@ -153,8 +160,8 @@ def test_tau2_grades_nl_assertions_with_the_installed_judge(loopback_judge) -> N
 @needs_v1
 def test_a_judge_outage_aborts_episodes_and_none_is_scored(loopback_judge, tiny_engine, small_tokenizer) -> None:
     from eval.runner import run_episodes
-    from tau2_rl_pipeline.engines import SamplingParams
-    from tau2_rl_pipeline.users import make_user_factory
+    from tau2_rl_pipeline.benchmark.users import make_user_factory
+    from tau2_rl_pipeline.rollout.engines import SamplingParams
 
     task = _retail_judged_task()
     refusing = LoopbackServer(tiny_engine, model_name="judge")
@@ -188,7 +195,7 @@ class Goodbye:
         self.tokenizer = tokenizer
 
     async def generate(self, input_ids, sampling):
-        from tau2_rl_pipeline.engines import GenerateResult
+        from tau2_rl_pipeline.rollout.engines import GenerateResult
 
         ids = self.tokenizer.encode("Thank you, goodbye. ###STOP###" + self.tokenizer.eos_token,
                                     add_special_tokens=False)
@@ -201,8 +208,8 @@ def test_the_judge_never_runs_on_the_event_loop_even_with_episode_workers_zero(l
     """TAU2_EPISODE_WORKERS=0 runs episode work on the loop; tau2's judge call (litellm, blocking for seconds)
     would stall every episode in flight there, so a judged evaluation goes to a thread all the same."""
     from eval.runner import run_episodes
-    from tau2_rl_pipeline.engines import SamplingParams
-    from tau2_rl_pipeline.users import make_user_factory
+    from tau2_rl_pipeline.benchmark.users import make_user_factory
+    from tau2_rl_pipeline.rollout.engines import SamplingParams
 
     calls_from: list[int] = []
     complete = Judge.complete

@@ -10,22 +10,22 @@ import pytest
 from tau2.data_model.message import AssistantMessage, ToolCall, ToolMessage, UserMessage
 from tau2.data_model.simulation import RewardInfo
 
-from tau2_rl_pipeline import judge_reward as judge_module
+from tau2_rl_pipeline.benchmark.tasks import get_task
 from tau2_rl_pipeline.config import Tau2Config
-from tau2_rl_pipeline.engines import SamplingParams
-from tau2_rl_pipeline.judge_reward import (
+from tau2_rl_pipeline.learning import judge_reward as judge_module
+from tau2_rl_pipeline.learning.judge_reward import (
     JudgeClient,
     JudgeError,
     judge_trajectory,
     parse_score,
     render_conversation,
 )
-from tau2_rl_pipeline.local_grpo import LocalSample as Sample
-from tau2_rl_pipeline.local_grpo import _rollouts as _grpo_rollouts
-from tau2_rl_pipeline.loopback_server import Fault, LoopbackServer
-from tau2_rl_pipeline.rollout import ABORTED, COMPLETED, Trajectory
-from tau2_rl_pipeline.slime_adapter import fill_sample
-from tau2_rl_pipeline.tasks import get_task
+from tau2_rl_pipeline.local.grpo import LocalSample as Sample
+from tau2_rl_pipeline.local.grpo import _rollouts as _grpo_rollouts
+from tau2_rl_pipeline.rollout.engines import SamplingParams
+from tau2_rl_pipeline.rollout.episode_loop import ABORTED, COMPLETED, Trajectory
+from tau2_rl_pipeline.slime_plugins.adapter import fill_sample
+from tau2_rl_pipeline.testing.loopback_server import Fault, LoopbackServer
 
 MESSAGES = [
     AssistantMessage(role="assistant", content="Hi! How can I help you today?"),

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from eval.submission import SubmissionError, build_submission, check_submittable
-from tau2_rl_pipeline.tau2_version import V1
+from tau2_rl_pipeline.benchmark.tau2_version import V1
 
 SUMMARY = {"benchmark": {"tau2_version": "1.0.1", "task_set_hash": "0" * 16},
            "episodes": {"aborted": []},
@@ -83,7 +83,7 @@ def test_a_1_0_1_run_is_read_by_tau2_and_its_submission_passes_tau2s_validation(
     from tau2.scripts.leaderboard.submission import Submission
 
     from eval.eval_passk import main
-    from tau2_rl_pipeline.loopback_server import LoopbackServer
+    from tau2_rl_pipeline.testing.loopback_server import LoopbackServer
 
     goodbye = tiny_engine.tokenizer.encode("Thank you, goodbye." + tiny_engine.tokenizer.eos_token,
                                            add_special_tokens=False)

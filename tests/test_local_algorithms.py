@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from tau2_rl_pipeline import local_pipeline
 from tau2_rl_pipeline.config import config_from_args
-from tau2_rl_pipeline.demo_report import grpo_summary
-from tau2_rl_pipeline.local_grpo import difficulty_task_ids
-from tau2_rl_pipeline.stage_book import StageBook
+from tau2_rl_pipeline.local import pipeline as local_pipeline
+from tau2_rl_pipeline.local.demo_report import grpo_summary
+from tau2_rl_pipeline.local.grpo import difficulty_task_ids
+from tau2_rl_pipeline.local.stage_book import StageBook
 
 SMALL = ["--domain", "mock", "--grpo-steps", "1", "--grpo-tasks-per-step", "2", "--grpo-n", "2",
          "--max-new-tokens", "12", "--max-turns", "2", "--micro-batch-size", "4", "--eval-samples", "1"]

@@ -16,14 +16,23 @@ from pathlib import Path
 
 import pytest
 
+from tau2_rl_pipeline.benchmark.tasks import load_tasks
+from tau2_rl_pipeline.benchmark.tau2_version import (
+    V1,
+    VERSION,
+    BenchmarkMismatch,
+    task_set_hash,
+)
 from tau2_rl_pipeline.config import Tau2Config, config_from_args
-from tau2_rl_pipeline.demo_report import grpo_summary, summary_lines, write_charts
-from tau2_rl_pipeline.local_grpo import GrpoProgress, GrpoSettings, grpo_stage
-from tau2_rl_pipeline.local_pipeline import build_parser, main, run_benchmark, stage_settings
-from tau2_rl_pipeline.stage_book import RUN, SKIP, StageBook, StaleOutputError
-from tau2_rl_pipeline.tasks import load_tasks
-from tau2_rl_pipeline.tau2_version import V1, VERSION, BenchmarkMismatch, task_set_hash
-
+from tau2_rl_pipeline.local.demo_report import grpo_summary, summary_lines, write_charts
+from tau2_rl_pipeline.local.grpo import GrpoProgress, GrpoSettings, grpo_stage
+from tau2_rl_pipeline.local.pipeline import (
+    build_parser,
+    main,
+    run_benchmark,
+    stage_settings,
+)
+from tau2_rl_pipeline.local.stage_book import RUN, SKIP, StageBook, StaleOutputError
 
 BENCHMARK = {"tau2_version": "0.0", "task_set_hash": "0" * 16}  # any: the book only records and compares it
 
@@ -165,7 +174,7 @@ def test_a_bad_tau2_value_is_one_line_not_a_traceback(tmp_path: Path, capsys, mo
 
 
 def test_ctrl_c_anywhere_is_one_line_saying_how_to_resume(tmp_path: Path, capsys, monkeypatch) -> None:
-    import tau2_rl_pipeline.local_pipeline as pipeline
+    import tau2_rl_pipeline.local.pipeline as pipeline
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
@@ -178,7 +187,7 @@ def test_ctrl_c_anywhere_is_one_line_saying_how_to_resume(tmp_path: Path, capsys
 
 def test_a_child_stopped_by_ctrl_c_leaves_the_line_to_the_child(capsys) -> None:
     """The evaluator (a child process) gets Ctrl-C too and reports what it kept; the pipeline adds nothing."""
-    from tau2_rl_pipeline.local_pipeline import StageFailed, run_child
+    from tau2_rl_pipeline.local.pipeline import StageFailed, run_child
 
     with pytest.raises(StageFailed) as info:
         run_child([sys.executable, "-c", "import sys; print('interrupted: child', file=sys.stderr); sys.exit(130)"],

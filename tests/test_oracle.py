@@ -7,9 +7,13 @@ shows on every test task, oracle and perturbed, that they score exactly as tau2'
 import pytest
 from task_sample import test_tasks
 
-from tau2_rl_pipeline.oracle import gold_actions, last_write_index, replay_gold_actions
-from tau2_rl_pipeline.tasks import load_tasks
-from tau2_rl_pipeline.tau2_version import V1
+from tau2_rl_pipeline.benchmark.oracle import (
+    gold_actions,
+    last_write_index,
+    replay_gold_actions,
+)
+from tau2_rl_pipeline.benchmark.tasks import load_tasks
+from tau2_rl_pipeline.benchmark.tau2_version import V1
 
 TEST_TASKS = test_tasks()  # every test task (a representative subset in the tau2 1.0.1 pass: tests/task_sample.py)
 

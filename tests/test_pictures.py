@@ -165,8 +165,9 @@ def test_checked_in_pictures_are_the_ones_the_command_writes(pictures: Path) -> 
 
 # ---- console scripts ----------------------------------------------------------------------------------------------
 def readme_console_commands() -> list[list[str]]:
-    """Every `.venv/bin/tau2-rl-...` command line in the README (a trailing `\\` joins lines)."""
-    text = (ROOT / "README.md").read_text().replace("\\\n", " ")
+    """Every `.venv/bin/tau2-rl-...` command line in the README and docs/ (a trailing `\\` joins lines)."""
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    text = "\n".join(p.read_text() for p in pages).replace("\\\n", " ")
     return [shlex.split(m.split("#")[0]) for m in re.findall(r"\.venv/bin/tau2-rl-[^\n`]*", text)]
 
 
@@ -204,7 +205,7 @@ def test_readme_tasks_command_runs_as_typed_from_a_fresh_shell(tmp_path: Path) -
 def test_help_config_lists_every_setting_that_help_leaves_out() -> None:
     from dataclasses import fields
 
-    from eval.eval_passk import build_parser
+    from eval.args import build_parser
     from tau2_rl_pipeline.config import Tau2Config, config_help, env_var
 
     text = config_help()

@@ -1,4 +1,4 @@
-"""The README's commands work as typed on a machine set up by its two commands: the files they name are the ones
+"""The commands of the README and docs/ work as typed on a machine set up by its two commands: the files they name are the ones
 the code writes, the inputs they need are made first, and defaults that differ between entry points say so.
 (The export commands' relative paths are run in tests/test_scripts.py.)"""
 
@@ -8,15 +8,16 @@ import re
 from dataclasses import fields
 from pathlib import Path
 
-from eval.eval_passk import output_paths
+from eval.plan import output_paths
 from tau2_rl_pipeline.config import Tau2Config, env_var
 
 ROOT = Path(__file__).resolve().parents[1]
-README = (ROOT / "README.md").read_text()
+# The front door and its pages, read as one text: a command may sit on either.
+README = "\n".join(p.read_text() for p in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))])
 
 
 def command_lines() -> list[str]:
-    """Lines of the README's code blocks (indented or fenced), continuation lines joined."""
+    """Lines of the code blocks (indented or fenced), continuation lines joined."""
     blocks = re.findall(r"```(?:bash)?\n(.*?)```", README, re.DOTALL)
     blocks += re.findall(r"(?:^ {4}\S.*\n)+", README, re.MULTILINE)
     text = "\n".join(blocks).replace("\\\n", " ")
@@ -44,7 +45,7 @@ def test_the_tau2_results_file_name_is_the_one_the_evaluator_writes() -> None:
 
 def test_every_demo_output_under_eval_is_named() -> None:
     """The evaluations of each stage (`<stage>.json` ...) and the RFT stage's sampling run (`rft_samples.*`)."""
-    from tau2_rl_pipeline.local_pipeline import eval_output
+    from tau2_rl_pipeline.local.pipeline import eval_output
 
     assert eval_output(Path("outputs/demo"), "rft_samples").name == "rft_samples.json"
     assert "`rft_samples.*`" in README and "`<stage>.json`" in README and "`outputs/demo/stages.json`" in README

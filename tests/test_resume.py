@@ -6,12 +6,17 @@ import asyncio
 
 from test_rollout import CFG, ChosenTextEngine, _check_books, _telecom_script
 
-from tau2_rl_pipeline.engines import GenerateResult, SamplingParams
-from tau2_rl_pipeline.oracle import gold_actions
-from tau2_rl_pipeline.prompting import render
-from tau2_rl_pipeline.rollout import ABORTED, COMPLETED, ROLLOUT_STOPPED, run_episode
-from tau2_rl_pipeline.tasks import load_tasks
-from tau2_rl_pipeline.users import ScriptedUser
+from tau2_rl_pipeline.benchmark.oracle import gold_actions
+from tau2_rl_pipeline.benchmark.prompting import render
+from tau2_rl_pipeline.benchmark.tasks import load_tasks
+from tau2_rl_pipeline.benchmark.users import ScriptedUser
+from tau2_rl_pipeline.rollout.engines import GenerateResult, SamplingParams
+from tau2_rl_pipeline.rollout.episode_loop import (
+    ABORTED,
+    COMPLETED,
+    ROLLOUT_STOPPED,
+    run_episode,
+)
 
 
 def _telecom_task():

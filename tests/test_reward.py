@@ -12,19 +12,19 @@ import pytest
 import torch
 from tau2.data_model.simulation import CommunicateCheck, DBCheck, RewardInfo
 
+from tau2_rl_pipeline.benchmark.oracle import gold_actions, replay_gold_actions
+from tau2_rl_pipeline.benchmark.tasks import load_tasks
 from tau2_rl_pipeline.config import Tau2Config
-from tau2_rl_pipeline.curriculum import CurriculumTracker
-from tau2_rl_pipeline.oracle import gold_actions, replay_gold_actions
-from tau2_rl_pipeline.reward import (
+from tau2_rl_pipeline.learning.curriculum import CurriculumTracker
+from tau2_rl_pipeline.learning.reward import (
     domain_alpha,
     filter_equal_reward_groups,
+    format_penalty,
     group_normalize,
     partial_score,
-    format_penalty,
     post_process,
     shaped_reward,
 )
-from tau2_rl_pipeline.tasks import load_tasks
 
 CFG = Tau2Config()
 TELECOM_TASK = ("[mobile_data_issue]bad_vpn|data_mode_off|data_usage_exceeded|user_abroad_roaming_disabled_off"

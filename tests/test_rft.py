@@ -9,12 +9,22 @@ from pathlib import Path
 
 import pytest
 
+from tau2_rl_pipeline.benchmark.episode import Episode
+from tau2_rl_pipeline.benchmark.tasks import get_task, write_jsonl
 from tau2_rl_pipeline.config import Tau2Config
-from tau2_rl_pipeline.env import Episode
-from tau2_rl_pipeline.reward import partial_score
-from tau2_rl_pipeline.rft import dedupe, domain_stats, main, merge_rows, select_rft
-from tau2_rl_pipeline.sft_data import demo_turns, oracle_demonstrations, play_turns
-from tau2_rl_pipeline.tasks import get_task, write_jsonl
+from tau2_rl_pipeline.learning.reward import partial_score
+from tau2_rl_pipeline.learning.sft_data import (
+    demo_turns,
+    oracle_demonstrations,
+    play_turns,
+)
+from tau2_rl_pipeline.selection.rft import (
+    dedupe,
+    domain_stats,
+    main,
+    merge_rows,
+    select_rft,
+)
 
 TELECOM_ID = "[mobile_data_issue]bad_vpn|data_saver_mode_on|user_abroad_roaming_disabled_on[PERSONA:None]"
 
@@ -133,7 +143,7 @@ def test_domain_stats_count_episodes_successes_and_rows(telecom):
 
 def _episode_file(path: Path, records: list[dict], version: str | None = None) -> None:
     from eval.episodes_file import EpisodesFile
-    from tau2_rl_pipeline.tau2_version import VERSION
+    from tau2_rl_pipeline.benchmark.tau2_version import VERSION
 
     log = EpisodesFile(path, {"task_split": "train"},
                        benchmark={"tau2_version": version or VERSION, "task_set_hash": "0" * 16})

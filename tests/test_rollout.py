@@ -8,15 +8,29 @@ from dataclasses import replace
 import pytest
 import torch
 
-from tau2_rl_pipeline.actions import render_assistant_text
+from tau2_rl_pipeline.benchmark.actions import render_assistant_text
+from tau2_rl_pipeline.benchmark.oracle import final_message, gold_actions
+from tau2_rl_pipeline.benchmark.prompting import render
+from tau2_rl_pipeline.benchmark.tasks import get_task, load_tasks
+from tau2_rl_pipeline.benchmark.users import (
+    ScriptedUser,
+    UserConfigError,
+    make_user_factory,
+)
 from tau2_rl_pipeline.config import Tau2Config
-from tau2_rl_pipeline.engines import GenerateResult, SamplingParams, SGLangEngine, TransformersEngine
-from tau2_rl_pipeline.loopback_server import Fault
-from tau2_rl_pipeline.oracle import final_message, gold_actions
-from tau2_rl_pipeline.prompting import render
-from tau2_rl_pipeline.rollout import ABORTED, COMPLETED, TRUNCATED, run_episode
-from tau2_rl_pipeline.tasks import get_task, load_tasks
-from tau2_rl_pipeline.users import ScriptedUser, UserConfigError, make_user_factory
+from tau2_rl_pipeline.rollout.engines import (
+    GenerateResult,
+    SamplingParams,
+    SGLangEngine,
+    TransformersEngine,
+)
+from tau2_rl_pipeline.rollout.episode_loop import (
+    ABORTED,
+    COMPLETED,
+    TRUNCATED,
+    run_episode,
+)
+from tau2_rl_pipeline.testing.loopback_server import Fault
 
 CFG = Tau2Config.from_env({})
 
@@ -222,7 +236,7 @@ def test_each_turn_samples_with_its_own_seed(loopback, small_tokenizer):
 
 @pytest.mark.parametrize("fast", [True, False])
 def test_fast_env_setting_picks_the_environments_and_keeps_the_reward(qwen3_tokenizer, monkeypatch, fast):
-    import tau2_rl_pipeline.env as env_module
+    import tau2_rl_pipeline.benchmark.episode as env_module
 
     built = []
     real = env_module.build_environment
@@ -269,8 +283,12 @@ def test_episode_workers_zero_runs_episode_work_on_the_event_loop(qwen3_tokenize
 def test_auto_episode_workers_give_threads_only_where_a_user_turn_blocks(monkeypatch):
     from tau2.user.user_simulator import UserSimulator
 
-    from tau2_rl_pipeline import rollout
-    from tau2_rl_pipeline.rollout import AUTO_WORKERS, episode_threads, user_blocks
+    from tau2_rl_pipeline.rollout import episode_loop as rollout
+    from tau2_rl_pipeline.rollout.episode_loop import (
+        AUTO_WORKERS,
+        episode_threads,
+        user_blocks,
+    )
 
     monkeypatch.setattr(rollout, "has_fast_path", lambda domain: domain != "banking_knowledge")  # as on 1.0.1
 
@@ -300,7 +318,7 @@ def test_the_llm_user_refuses_episode_work_on_the_event_loop():
 @pytest.mark.parametrize("paced", [True, False])
 def test_checkpoint_lets_the_loop_poll_timers_between_slices_of_episode_work(paced):
     """50 episodes with a burst of inline work each: at checkpoints, a due timer runs after about one slice."""
-    from tau2_rl_pipeline import rollout
+    from tau2_rl_pipeline.rollout import episode_loop as rollout
 
     chunk_s = rollout.SLICE_S / 2
 

@@ -176,8 +176,8 @@ def test_grpo_defaults(dry_dir: Path) -> None:
     got = grpo_flags(dry_dir)
     assert {k: got.get(k, "MISSING") for k in GRPO_DEFAULTS} == GRPO_DEFAULTS
     assert "--use-kl-loss" in got and "--colocate" in got
-    assert got["--custom-generate-function-path"] == "tau2_rl_pipeline.slime_adapter.generate"
-    assert got["--custom-reward-post-process-path"] == "tau2_rl_pipeline.slime_adapter.reward_post_process"
+    assert got["--custom-generate-function-path"] == "tau2_rl_pipeline.slime_plugins.adapter.generate"
+    assert got["--custom-reward-post-process-path"] == "tau2_rl_pipeline.slime_plugins.adapter.reward_post_process"
     assert "--dynamic-sampling-filter-path" not in got
     assert "--apply-chat-template" not in got
     assert got["--input-key"] == "input" and got["--metadata-key"] == "metadata"
@@ -224,14 +224,14 @@ def test_global_batch_follows_the_rollout_size_by_default(dry_dir: Path) -> None
 @pytest.mark.parametrize("value", ["1", "true", "ON"])
 def test_zero_std_filter_is_opt_in(dry_dir: Path, value: str) -> None:
     got = grpo_flags(dry_dir, TAU2_FILTER_ZERO_STD=value)
-    assert got["--dynamic-sampling-filter-path"] == "tau2_rl_pipeline.slime_adapter.filter_zero_std_groups"
+    assert got["--dynamic-sampling-filter-path"] == "tau2_rl_pipeline.slime_plugins.adapter.filter_zero_std_groups"
     assert "--dynamic-sampling-filter-path" not in grpo_flags(dry_dir, TAU2_FILTER_ZERO_STD="false")
 
 
 def test_awsft_is_a_custom_loss_selected_by_the_grpo_script(dry_dir: Path) -> None:
     got = grpo_flags(dry_dir, GRPO_ALGORITHM="awsft")
     assert got["--loss-type"] == "custom_loss"
-    assert got["--custom-loss-function-path"] == "tau2_rl_pipeline.slime_awsft.awsft_loss_function"
+    assert got["--custom-loss-function-path"] == "tau2_rl_pipeline.slime_plugins.awsft.awsft_loss_function"
     assert "--use-kl-loss" in got and got["--kl-loss-coef"] == "0.01"  # the KL term to the reference stays
     assert "--loss-type" not in grpo_flags(dry_dir)  # default: slime's policy loss
 
@@ -274,9 +274,9 @@ def test_async_grpo_runs_train_async_on_split_policy_gpus(dry_dir: Path) -> None
     got = flags(slime_job(cached_dry("train_grpo.sh", dry_dir, GRPO_ASYNC="1"), "train_async.py")[1])
     assert "--colocate" not in got
     assert got["--actor-num-gpus-per-node"] == "2" and got["--rollout-num-gpus"] == "2"
-    assert got["--rollout-function-path"] == "tau2_rl_pipeline.slime_adapter.generate_rollout_fully_async"
+    assert got["--rollout-function-path"] == "tau2_rl_pipeline.slime_plugins.adapter.generate_rollout_fully_async"
     assert {"--partial-rollout", "--mask-offpolicy-in-partial-rollout", "--use-tis"} <= got.keys()
-    assert got["--custom-generate-function-path"] == "tau2_rl_pipeline.slime_adapter.generate"
+    assert got["--custom-generate-function-path"] == "tau2_rl_pipeline.slime_plugins.adapter.generate"
     unmasked = flags(slime_job(cached_dry("train_grpo.sh", dry_dir, GRPO_ASYNC="1", GRPO_MASK_OFFPOLICY="0"),
                                "train_async.py")[1])
     assert "--partial-rollout" in unmasked and "--mask-offpolicy-in-partial-rollout" not in unmasked
@@ -298,7 +298,7 @@ def test_async_grpo_settings(dry_dir: Path) -> None:
 def test_sft_reads_messages_and_tools_without_chat_template_flag(dry_dir: Path) -> None:
     got = sft_flags(dry_dir)
     assert got["--input-key"] == "messages" and got["--tool-key"] == "tools"
-    assert got["--rollout-function-path"] == "tau2_rl_pipeline.slime_sft.generate_rollout"
+    assert got["--rollout-function-path"] == "tau2_rl_pipeline.slime_plugins.sft.generate_rollout"
     assert got["--loss-type"] == "sft_loss" and "--debug-train-only" in got
     assert "--apply-chat-template" not in got
     assert got["--prompt-data"] == str(dry_dir / "out/data/sft_seed.jsonl")
@@ -326,14 +326,14 @@ def test_loss_mask_type_is_the_same_in_sft_and_grpo(dry_dir: Path) -> None:
 
 
 def test_stages_hand_their_outputs_to_the_next_stage(dry_dir: Path) -> None:
-    rft_cmd = command_with(cached_dry("generate_rft.sh", dry_dir), "tau2_rl_pipeline.rft")
+    rft_cmd = command_with(cached_dry("generate_rft.sh", dry_dir), "tau2_rl_pipeline.selection.rft")
     rft_train = sft_flags(dry_dir, "train_rft.sh")
     assert flags(rft_cmd)["--out"] == rft_train["--prompt-data"]
     assert flags(rft_cmd)["--merge-with"] == sft_flags(dry_dir)["--prompt-data"]
     assert flags(rft_cmd)["--hf-checkpoint"].endswith("models/sft_hf")  # what the policy server serves
     assert rft_train["--save"] == grpo_flags(dry_dir)["--load"]
     assert rft_train["--load"] == sft_flags(dry_dir)["--load"]  # RFT trains from the base model again
-    tasks = command_with(cached_dry("pipeline.sh", dry_dir), "tau2_rl_pipeline.tasks")
+    tasks = command_with(cached_dry("pipeline.sh", dry_dir), "tau2_rl_pipeline.benchmark.tasks")
     assert str(Path(flags(tasks)["--local_dir"]) / "tau2_train_all_tasks.jsonl") == grpo_flags(dry_dir)["--prompt-data"]
 
 
@@ -627,11 +627,11 @@ def test_pipeline_runs_every_stage_in_order(dry_dir: Path) -> None:
     result = cached_dry("pipeline.sh", dry_dir)
     assert stage_lines(result) == [(s, "running") for s in PIPELINE_STAGES]
     marks = [  # one command per step of the recipe, in the order it must run
-        ("hf", "download"), ("convert_hf_to_torch_dist.py",), ("tau2_rl_pipeline.tasks",),
+        ("hf", "download"), ("convert_hf_to_torch_dist.py",), ("tau2_rl_pipeline.benchmark.tasks",),
         ("train_async.py", str(dry_dir / "out/data/sft_seed.jsonl")), ("convert_torch_dist_to_hf.py",),
         ("sglang.launch_server", "--served-model-name"), ("sglang.launch_server", str(dry_dir / "out/models/sft_hf")),
-        ("tau2_rl_pipeline.rft",), ("train_async.py", str(dry_dir / "out/data/sft_seed_plus_rft.jsonl")),
-        ("tau2_rl_pipeline.difficulty", str(dry_dir / "out/data/sft_seed_plus_rft.jsonl.eval.json.episodes.jsonl")),
+        ("tau2_rl_pipeline.selection.rft",), ("train_async.py", str(dry_dir / "out/data/sft_seed_plus_rft.jsonl")),
+        ("tau2_rl_pipeline.selection.difficulty", str(dry_dir / "out/data/sft_seed_plus_rft.jsonl.eval.json.episodes.jsonl")),
         ("train.py", str(dry_dir / "out/data/tasks/tau2_train_grpo_tasks.jsonl")), ("convert_torch_dist_to_hf.py", str(dry_dir / "out/models/grpo_hf")),
     ]
     lines = [" ".join(c) for c in result.commands]
@@ -732,8 +732,8 @@ print(json.dumps(out))
 def test_entry_point_flags_exist(dry_dir: Path) -> None:
     """Each `python -m tau2_rl_pipeline.X` command's flags appear in that module's --help (one process for all)."""
     commands = entry_point_commands(dry_dir)
-    assert {c[2] for c in commands} == {"tau2_rl_pipeline.sft_data", "tau2_rl_pipeline.tasks", "tau2_rl_pipeline.rft",
-                                        "tau2_rl_pipeline.difficulty"}
+    assert {c[2] for c in commands} == {"tau2_rl_pipeline.learning.sft_data", "tau2_rl_pipeline.benchmark.tasks", "tau2_rl_pipeline.selection.rft",
+                                        "tau2_rl_pipeline.selection.difficulty"}
     missing = sorted({c[2] for c in commands if not (ROOT / (c[2].replace(".", "/") + ".py")).is_file()})
     commands = [c for c in commands if c[2] not in missing]
     subs = [[c[3]] if len(c) > 3 and not c[3].startswith("-") else [] for c in commands]

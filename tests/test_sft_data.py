@@ -14,15 +14,17 @@ from pathlib import Path
 
 import pytest
 
-from tau2_rl_pipeline.actions import (
+from tau2_rl_pipeline.benchmark.actions import (
     format_tool_call,
     parse_completion,
     render_assistant_text,
 )
-from tau2_rl_pipeline.env import AGENT_STOP_TOKEN
-from tau2_rl_pipeline.oracle import gold_actions
-from tau2_rl_pipeline.prompting import render
-from tau2_rl_pipeline.sft_data import (
+from tau2_rl_pipeline.benchmark.episode import AGENT_STOP_TOKEN
+from tau2_rl_pipeline.benchmark.oracle import gold_actions
+from tau2_rl_pipeline.benchmark.prompting import render
+from tau2_rl_pipeline.benchmark.tasks import get_task, load_tasks
+from tau2_rl_pipeline.benchmark.tau2_version import V1
+from tau2_rl_pipeline.learning.sft_data import (
     SEED_DATASET,
     SEED_FILE,
     RowError,
@@ -38,8 +40,6 @@ from tau2_rl_pipeline.sft_data import (
     read_rows,
     sft_chat,
 )
-from tau2_rl_pipeline.tasks import get_task, load_tasks
-from tau2_rl_pipeline.tau2_version import V1
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURE = REPO / "tests" / "data" / "seed_fixture.jsonl"
@@ -224,7 +224,7 @@ def test_parquet_without_pyarrow_says_what_to_do(tmp_path):
 def _run_seed_cli(tmp_path: Path, hf_home: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(hf_home), "PYTHONPATH": str(REPO)}
     env.pop("HF_HUB_CACHE", None)
-    return subprocess.run([sys.executable, "-m", "tau2_rl_pipeline.sft_data", "seed", "--out",
+    return subprocess.run([sys.executable, "-m", "tau2_rl_pipeline.learning.sft_data", "seed", "--out",
                            str(tmp_path / "seed.jsonl")], env=env, capture_output=True, text=True, timeout=120,
                           check=False)
 

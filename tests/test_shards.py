@@ -8,14 +8,14 @@ import multiprocessing
 
 import pytest
 
-from eval.eval_passk import make_plan
+from eval.plan import make_plan
 from eval.runner import run_episodes
 from eval.shards import ShardError, run_sharded, split
+from tau2_rl_pipeline.benchmark.tasks import load_tasks
+from tau2_rl_pipeline.benchmark.users import make_user_factory
 from tau2_rl_pipeline.config import Tau2Config
-from tau2_rl_pipeline.engines import SamplingParams, SGLangEngine
-from tau2_rl_pipeline.loopback_server import LoopbackServer
-from tau2_rl_pipeline.tasks import load_tasks
-from tau2_rl_pipeline.users import make_user_factory
+from tau2_rl_pipeline.rollout.engines import SamplingParams, SGLangEngine
+from tau2_rl_pipeline.testing.loopback_server import LoopbackServer
 
 CFG = Tau2Config.from_env({}, max_turns=3, episode_workers=0)
 

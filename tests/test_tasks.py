@@ -6,8 +6,13 @@ import sys
 
 import pytest
 
-from tau2_rl_pipeline.tasks import TaskLookupError, get_task, load_tasks, write_task_index
-from tau2_rl_pipeline.tau2_version import V1, VERSION, task_set_hash
+from tau2_rl_pipeline.benchmark.tasks import (
+    TaskLookupError,
+    get_task,
+    load_tasks,
+    write_task_index,
+)
+from tau2_rl_pipeline.benchmark.tau2_version import V1, VERSION, task_set_hash
 
 
 def test_task_index_rows_and_metadata(tmp_path):
@@ -58,12 +63,12 @@ def test_unknown_task_id():
 
 
 def test_cli_is_compatible_with_the_original(tmp_path):
-    ok = subprocess.run([sys.executable, "-m", "tau2_rl_pipeline.tasks", "--local_dir", str(tmp_path),
+    ok = subprocess.run([sys.executable, "-m", "tau2_rl_pipeline.benchmark.tasks", "--local_dir", str(tmp_path),
                          "--domains", "airline,retail", "--splits", "test"], capture_output=True, text=True)
     assert ok.returncode == 0, ok.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "airline_test_tasks.jsonl", "retail_test_tasks.jsonl", "tau2_test_all_tasks.jsonl"]
-    bad = subprocess.run([sys.executable, "-m", "tau2_rl_pipeline.tasks", "--local_dir", str(tmp_path),
+    bad = subprocess.run([sys.executable, "-m", "tau2_rl_pipeline.benchmark.tasks", "--local_dir", str(tmp_path),
                           "--domains", "hotel"], capture_output=True, text=True)
     assert bad.returncode == 2
     assert bad.stderr.strip().splitlines()[-1] == ("error: unknown domain 'hotel'; valid domains: airline, retail, "

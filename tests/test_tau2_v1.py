@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from tau2_rl_pipeline.tau2_version import V1
+from tau2_rl_pipeline.benchmark.tau2_version import V1
 
 REPO = Path(__file__).resolve().parents[1]
 TAU2_101 = Path(os.environ.get("TAU2_101_DIR", REPO.parent / "shared" / "third_party" / "tau2-bench-1.0.1"))

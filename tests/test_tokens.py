@@ -6,11 +6,11 @@ import struct
 
 import pytest
 
-from tau2_rl_pipeline.env import Episode
-from tau2_rl_pipeline.prompting import render
-from tau2_rl_pipeline.tasks import load_tasks
-from tau2_rl_pipeline.tokens import ObservationTemplate, TokenBuffer, TopPSpans
-from tau2_rl_pipeline.users import ScriptedUser
+from tau2_rl_pipeline.benchmark.episode import Episode
+from tau2_rl_pipeline.benchmark.prompting import render
+from tau2_rl_pipeline.benchmark.tasks import load_tasks
+from tau2_rl_pipeline.benchmark.users import ScriptedUser
+from tau2_rl_pipeline.rollout.tokens import ObservationTemplate, TokenBuffer, TopPSpans
 
 
 def _first_chat(domain, task):

@@ -18,15 +18,20 @@ from pathlib import Path
 import pytest
 import torch
 
-from tau2_rl_pipeline.actions import render_assistant_text
+from tau2_rl_pipeline.benchmark.actions import render_assistant_text
+from tau2_rl_pipeline.benchmark.oracle import replay_episode
+from tau2_rl_pipeline.benchmark.prompting import render
+from tau2_rl_pipeline.benchmark.tasks import get_task, load_tasks
+from tau2_rl_pipeline.benchmark.users import ScriptedUser, opening_request
 from tau2_rl_pipeline.config import Tau2Config
-from tau2_rl_pipeline.engines import SamplingParams, TransformersEngine
-from tau2_rl_pipeline.losses import gather_logprobs, grpo_loss, low_var_kl, merge_metrics, sft_loss
-from tau2_rl_pipeline.oracle import replay_episode
-from tau2_rl_pipeline.prompting import render
-from tau2_rl_pipeline.rollout import run_episode
-from tau2_rl_pipeline.tasks import get_task, load_tasks
-from tau2_rl_pipeline.trainer import (
+from tau2_rl_pipeline.learning.losses import (
+    gather_logprobs,
+    grpo_loss,
+    low_var_kl,
+    merge_metrics,
+    sft_loss,
+)
+from tau2_rl_pipeline.local.trainer import (
     LocalTrainer,
     TrainConfig,
     TrainExample,
@@ -34,7 +39,8 @@ from tau2_rl_pipeline.trainer import (
     sft_example_from_chat,
     token_logprobs,
 )
-from tau2_rl_pipeline.users import ScriptedUser, opening_request
+from tau2_rl_pipeline.rollout.engines import SamplingParams, TransformersEngine
+from tau2_rl_pipeline.rollout.episode_loop import run_episode
 
 PPO = {"eps_clip": 0.2, "eps_clip_high": 0.28}
 

@@ -1,4 +1,4 @@
-"""The async user client (tau2_rl_pipeline/user_client.py) sends what tau2's UserSimulator over litellm sends, byte
+"""The async user client (tau2_rl_pipeline/benchmark/user_client.py) sends what tau2's UserSimulator over litellm sends, byte
 for byte, and reads the answers as tau2 does; and a policy's reasoning stays private.
 
 Each domain's episode is driven twice with the same policy completions and the same canned user replies (a
@@ -18,16 +18,27 @@ from typing import Any
 import pytest
 from tau2.data_model.message import AssistantMessage, ToolMessage, UserMessage
 
-from tau2_rl_pipeline.actions import format_tool_call, render_assistant_text, split_reasoning
+from tau2_rl_pipeline.benchmark.actions import (
+    format_tool_call,
+    render_assistant_text,
+    split_reasoning,
+)
+from tau2_rl_pipeline.benchmark.episode import Episode, build_environment
+from tau2_rl_pipeline.benchmark.tasks import load_tasks
+from tau2_rl_pipeline.benchmark.tau2_version import USER_ASKS_AGAIN_WHEN_EMPTY, V1
+from tau2_rl_pipeline.benchmark.user_client import (
+    AsyncUserSimulator,
+    user_request_payload,
+)
+from tau2_rl_pipeline.benchmark.users import (
+    UserConfigError,
+    make_user_factory,
+    user_client_kind,
+)
 from tau2_rl_pipeline.config import Tau2Config
-from tau2_rl_pipeline.engines import SamplingParams, SGLangEngine
-from tau2_rl_pipeline.env import Episode, build_environment
-from tau2_rl_pipeline.loopback_server import LoopbackServer
-from tau2_rl_pipeline.rollout import COMPLETED, run_episode
-from tau2_rl_pipeline.tasks import load_tasks
-from tau2_rl_pipeline.tau2_version import USER_ASKS_AGAIN_WHEN_EMPTY, V1
-from tau2_rl_pipeline.user_client import AsyncUserSimulator, user_request_payload
-from tau2_rl_pipeline.users import UserConfigError, make_user_factory, user_client_kind
+from tau2_rl_pipeline.rollout.engines import SamplingParams, SGLangEngine
+from tau2_rl_pipeline.rollout.episode_loop import COMPLETED, run_episode
+from tau2_rl_pipeline.testing.loopback_server import LoopbackServer
 
 # domain -> (task split, a read-only agent tool and its arguments)
 DOMAINS = {"mock": ("base", "get_users", {}), "airline": ("test", "list_all_airports", {}),

@@ -11,20 +11,20 @@ import json
 import pytest
 from tau2.data_model.message import AssistantMessage
 
-from tau2_rl_pipeline.actions import format_tool_call
-from tau2_rl_pipeline.config import Tau2Config
-from tau2_rl_pipeline.env import Episode, build_environment
-from tau2_rl_pipeline.loopback_server import LoopbackServer
-from tau2_rl_pipeline.tasks import get_task, load_tasks
-from tau2_rl_pipeline.user_client import AsyncUserSimulator
-from tau2_rl_pipeline.user_strategies import (
+from tau2_rl_pipeline.benchmark.actions import format_tool_call
+from tau2_rl_pipeline.benchmark.episode import Episode, build_environment
+from tau2_rl_pipeline.benchmark.tasks import get_task, load_tasks
+from tau2_rl_pipeline.benchmark.user_client import AsyncUserSimulator
+from tau2_rl_pipeline.benchmark.user_strategies import (
     AsyncStrategyUser,
     StrategyUser,
     parse_check,
     parse_reflection,
     strip_thought,
 )
-from tau2_rl_pipeline.users import make_user_factory, user_client_kind
+from tau2_rl_pipeline.benchmark.users import make_user_factory, user_client_kind
+from tau2_rl_pipeline.config import Tau2Config
+from tau2_rl_pipeline.testing.loopback_server import LoopbackServer
 
 GREETING = AssistantMessage(role="assistant", content="Hi! How can I help you today?")
 GOOD = "Please create a task called Buy groceries for me."

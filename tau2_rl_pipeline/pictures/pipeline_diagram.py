@@ -16,8 +16,8 @@ STAGE_FILL = "#F2F2F2"
 ROW_IN = 0.7  # inches per stage row (one data unit)
 LINE = 0.19  # text line spacing in rows
 X_SERVER, W_SERVER = 0.0, 23.0
-X_STAGE, W_STAGE = 26.5, 31.5
-X_FILES = 60.0
+X_STAGE, W_STAGE = 25.5, 34.0
+X_FILES = 61.5
 SMALL = 7.5
 MONO = 7.0  # monospace runs wider: script and program names
 FILES = 7.0
@@ -165,7 +165,7 @@ def render(plans: dict[str, Plan], path: Path, main_layout: str = "8") -> list[s
     plan = plans[main_layout]
     n = len(plan.stages)
     top_in, gpu_in = ROW_IN * (n + 0.6), 0.42 * (len(plans) + 1)
-    fig = plt.figure(figsize=(10.5, top_in + gpu_in))
+    fig = plt.figure(figsize=(11.5, top_in + gpu_in))
     grid = fig.add_gridspec(2, 1, height_ratios=[top_in, gpu_in], hspace=0.0)
     ax = fig.add_subplot(grid[0])
     ax.set_axis_off()

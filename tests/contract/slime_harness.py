@@ -17,9 +17,9 @@ from typing import Any
 
 import contract_tier  # noqa: F401  (slime, Megatron-LM and the SGLang double on sys.path)
 
-GENERATE = "tau2_rl_pipeline.slime_adapter.generate"
-POST_PROCESS = "tau2_rl_pipeline.slime_adapter.reward_post_process"
-FILTER = "tau2_rl_pipeline.slime_adapter.filter_zero_std_groups"
+GENERATE = "tau2_rl_pipeline.slime_plugins.adapter.generate"
+POST_PROCESS = "tau2_rl_pipeline.slime_plugins.adapter.reward_post_process"
+FILTER = "tau2_rl_pipeline.slime_plugins.adapter.filter_zero_std_groups"
 
 
 @functools.lru_cache(maxsize=None)
@@ -51,7 +51,7 @@ def slime_args(model_dir: Path, prompt_data: Path, router: str, *, batch: int = 
 
 
 def prompt_rows(path: Path, task_ids: list[str], domain: str = "mock", split: str = "base") -> Path:
-    from tau2_rl_pipeline.tasks import task_rows
+    from tau2_rl_pipeline.benchmark.tasks import task_rows
 
     rows = [r for r in task_rows(domain, split) if r["metadata"]["task_id"] in task_ids]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -63,7 +63,7 @@ def reset_slime() -> None:
     from slime.rollout import fully_async_rollout, sglang_rollout
     from slime.utils import http_utils
 
-    from tau2_rl_pipeline import slime_adapter
+    from tau2_rl_pipeline.slime_plugins import adapter as slime_adapter
 
     worker = fully_async_rollout._global_worker
     fully_async_rollout._stop_global_worker()

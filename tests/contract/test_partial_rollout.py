@@ -1,6 +1,6 @@
 """slime's partial rollout (`--partial-rollout`, 624b824) through its real rollout code: an episode cut by slime's
 end-of-rollout abort goes back to slime's buffer, and when slime hands the sample back our generate goes on with
-the same tau2 episode from where it was cut (tau2_rl_pipeline/partial_rollout.py), as slime's own single-turn
+the same tau2 episode from where it was cut (tau2_rl_pipeline/slime_plugins/partial_rollout.py), as slime's own single-turn
 generate goes on from the tokens it holds. The loopback server's `weight_version` stands for slime's weight update
 between rollouts."""
 
@@ -16,8 +16,8 @@ import pytest
 from slime_harness import flat, prompt_rows, rollout, slime_args, train_data
 from test_slime_rollout import ASYNC_ROLLOUT, STOP, Script
 
-from tau2_rl_pipeline.partial_rollout import LiveEpisodes, sample_key
-from tau2_rl_pipeline.slime_adapter import live_episodes
+from tau2_rl_pipeline.slime_plugins.adapter import live_episodes
+from tau2_rl_pipeline.slime_plugins.partial_rollout import LiveEpisodes, sample_key
 
 LONG, SHORT = "create_task_1", "update_task_1"
 PARTIAL = ("--partial-rollout", "--mask-offpolicy-in-partial-rollout")

@@ -1,8 +1,8 @@
 """slime's real SFT rollout over our SFT rows: slime's data source reads the JSONL, slime's sft_rollout builds tokens
 and masks with its `MultiTurnLossMaskGenerator` (loss-mask type qwen3, the real Qwen3 tokenizer), and the mask the
-stage scripts train with (tau2_rl_pipeline.slime_sft) equals the local trainer's token for token.
+stage scripts train with (tau2_rl_pipeline.slime_plugins.sft) equals the local trainer's token for token.
 
-The one decision (tau2_rl_pipeline/slime_sft.py): the `\\n` after `<|im_end|>` is never a target; slime's raw qwen3
+The one decision (tau2_rl_pipeline/slime_plugins/sft.py): the `\\n` after `<|im_end|>` is never a target; slime's raw qwen3
 mask differs from ours exactly there.
 """
 
@@ -16,13 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from tau2_rl_pipeline.sft_data import load_seed, oracle_demonstrations
-from tau2_rl_pipeline.slime_sft import generate_rollout, mask_after_end_of_turn
-from tau2_rl_pipeline.trainer import sft_example_from_chat
+from tau2_rl_pipeline.learning.sft_data import load_seed, oracle_demonstrations
+from tau2_rl_pipeline.local.trainer import sft_example_from_chat
+from tau2_rl_pipeline.slime_plugins.sft import generate_rollout, mask_after_end_of_turn
 
 FIXTURE = Path(__file__).resolve().parents[1] / "data" / "seed_fixture.jsonl"
 DOMAINS = ("airline", "retail", "telecom")
-SCRIPTS_ROLLOUT_FUNCTION = "tau2_rl_pipeline.slime_sft.generate_rollout"  # train_sft.sh's --rollout-function-path
+SCRIPTS_ROLLOUT_FUNCTION = "tau2_rl_pipeline.slime_plugins.sft.generate_rollout"  # train_sft.sh's --rollout-function-path
 
 
 @pytest.fixture(scope="module")

@@ -6,18 +6,23 @@ import argparse
 import dataclasses
 import json
 
-import pytest
 import contract_tier  # noqa: F401  (slime on sys.path)
+import pytest
 from slime.rollout.filter_hub.base_types import DynamicFilterOutput
 from slime.utils.types import Sample
 from tau2.data_model.simulation import RewardInfo
 
-from tau2_rl_pipeline import slime_adapter
+from tau2_rl_pipeline.benchmark.oracle import last_write_index, replay_gold_actions
+from tau2_rl_pipeline.benchmark.tasks import load_tasks
 from tau2_rl_pipeline.config import Tau2Config
-from tau2_rl_pipeline.oracle import last_write_index, replay_gold_actions
-from tau2_rl_pipeline.rollout import ABORTED, COMPLETED, TRUNCATED, Trajectory
-from tau2_rl_pipeline.tasks import load_tasks
-from tau2_rl_pipeline.tokens import TopPSpans
+from tau2_rl_pipeline.rollout.episode_loop import (
+    ABORTED,
+    COMPLETED,
+    TRUNCATED,
+    Trajectory,
+)
+from tau2_rl_pipeline.rollout.tokens import TopPSpans
+from tau2_rl_pipeline.slime_plugins import adapter as slime_adapter
 
 
 def check_like_slime(samples):

@@ -1,5 +1,5 @@
 """Advantage-weighted SFT inside slime: slime 624b824's own `loss_function` (slime/backends/megatron_utils/loss.py,
-`--loss-type custom_loss`) loads tau2_rl_pipeline.slime_awsft.awsft_loss_function by its dotted path and calls it
+`--loss-type custom_loss`) loads tau2_rl_pipeline.slime_plugins.awsft.awsft_loss_function by its dotted path and calls it
 with its batch, packed logits and per-sample-mean reducer, on CPU (Megatron's parallel state over a one-process
 gloo group). It runs in a child process: the process group is global state no other test should inherit."""
 
@@ -16,7 +16,7 @@ import pytest
 import torch
 from contract_tier import MEGATRON_DIR, SGLANG_DOUBLE, SLIME_DIR
 
-from tau2_rl_pipeline.losses import awsft_weights, low_var_kl
+from tau2_rl_pipeline.learning.losses import awsft_weights, low_var_kl
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -55,7 +55,7 @@ PROBE = textwrap.dedent("""
 def test_slimes_loss_function_runs_the_custom_loss_with_what_it_expects():
     """The result is the formula on the same numbers, rescaled as slime rescales its own losses (per-sample mean,
     times num_microbatches / global batch = 1/2 here), with slime's rollout temperature applied to the logits."""
-    spec = {"path": "tau2_rl_pipeline.slime_awsft.awsft_loss_function", "vocab": 11, "kl_coef": 0.05,
+    spec = {"path": "tau2_rl_pipeline.slime_plugins.awsft.awsft_loss_function", "vocab": 11, "kl_coef": 0.05,
             "temperature": 0.7, "total_lengths": [6, 5], "response_lengths": [3, 4],
             "loss_masks": [[1, 1, 0], [1, 0, 1, 1]], "advantages": [1.5, -0.5],
             "ref_log_probs": [[-2.0, -2.5, -1.0], [-3.0, -2.0, -2.2, -2.4]]}

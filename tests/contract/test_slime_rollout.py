@@ -1,5 +1,5 @@
 """slime's own rollout code (624b824) drives the plug-ins: `generate_rollout` (and the fully asynchronous rollout)
-calls tau2_rl_pipeline.slime_adapter.generate against the loopback server (SGLang's HTTP contract, a real tiny
+calls tau2_rl_pipeline.slime_plugins.adapter.generate against the loopback server (SGLang's HTTP contract, a real tiny
 model) with tau2's LLM user on its OpenAI-compatible chat endpoint (the user client TAU2_USER_CLIENT picks: the
 asynchronous one for a served model, as at scale), and slime's RolloutManager turns what comes back into train
 data. Every fault found by running slime for real has a test here that failed on the earlier adapter."""
@@ -12,16 +12,24 @@ import re
 import time
 
 import pytest
-from slime_harness import FILTER, flat, prompt_rows, reset_slime, rollout, slime_args, train_data
+from slime_harness import (
+    FILTER,
+    flat,
+    prompt_rows,
+    reset_slime,
+    rollout,
+    slime_args,
+    train_data,
+)
 
-from tau2_rl_pipeline import gc_policy
-from tau2_rl_pipeline.actions import render_assistant_text
-from tau2_rl_pipeline.loopback_server import Fault, LoopbackServer
-from tau2_rl_pipeline.slime_adapter import in_flight_cap
-from tau2_rl_pipeline.tasks import load_tasks
+from tau2_rl_pipeline.benchmark.actions import render_assistant_text
+from tau2_rl_pipeline.benchmark.tasks import load_tasks
+from tau2_rl_pipeline.rollout import gc_policy
+from tau2_rl_pipeline.slime_plugins.adapter import in_flight_cap
+from tau2_rl_pipeline.testing.loopback_server import Fault, LoopbackServer
 
 STOP = "###STOP###"
-ASYNC_ROLLOUT = "tau2_rl_pipeline.slime_adapter.generate_rollout_fully_async"
+ASYNC_ROLLOUT = "tau2_rl_pipeline.slime_plugins.adapter.generate_rollout_fully_async"
 
 
 class Script:
@@ -200,7 +208,7 @@ def test_no_new_turns_after_slimes_end_of_rollout_abort(slime_env, monkeypatch, 
 
 def test_an_abort_storm_stops_the_run_with_the_first_error(slime_env, monkeypatch, loopback, tiny_small_dir,
                                                            tmp_path):
-    from tau2_rl_pipeline.abort_storm import AbortStorm
+    from tau2_rl_pipeline.rollout.abort_storm import AbortStorm
 
     monkeypatch.setenv("TAU2_ENGINE_MAX_RETRIES", "0")
     monkeypatch.setenv("TAU2_ABORT_STORM_PATIENCE", "1")
@@ -238,7 +246,7 @@ def test_an_abort_storm_stops_the_fully_async_rollout_too(slime_env, monkeypatch
                                                           tmp_path):
     """slime's async worker drops a group whose generate raised; the project's rollout function stops instead of
     waiting for groups that never come."""
-    from tau2_rl_pipeline.abort_storm import AbortStorm
+    from tau2_rl_pipeline.rollout.abort_storm import AbortStorm
 
     monkeypatch.setenv("TAU2_ENGINE_MAX_RETRIES", "0")
     monkeypatch.setenv("TAU2_ABORT_STORM_PATIENCE", "0")

@@ -12,14 +12,31 @@ import re
 import time
 
 import pytest
-from slime_harness import flat, prompt_rows, reset_slime, rollout, slime_args, train_data
+from slime_harness import (
+    flat,
+    prompt_rows,
+    reset_slime,
+    rollout,
+    slime_args,
+    train_data,
+)
 from test_slime_rollout import ASYNC_ROLLOUT
 
-from tau2_rl_pipeline import slime_adapter
-from tau2_rl_pipeline.actions import render_assistant_text
-from tau2_rl_pipeline.oracle import final_message, gold_actions, last_write_index
-from tau2_rl_pipeline.tasks import get_task
-from tau2_rl_pipeline.tau2_version import STOP, V1, VERSION, BenchmarkMismatch, needs_judge
+from tau2_rl_pipeline.benchmark.actions import render_assistant_text
+from tau2_rl_pipeline.benchmark.oracle import (
+    final_message,
+    gold_actions,
+    last_write_index,
+)
+from tau2_rl_pipeline.benchmark.tasks import get_task
+from tau2_rl_pipeline.benchmark.tau2_version import (
+    STOP,
+    V1,
+    VERSION,
+    BenchmarkMismatch,
+    needs_judge,
+)
+from tau2_rl_pipeline.slime_plugins import adapter as slime_adapter
 
 TASKS = {("airline", "19"): "drop the write", ("retail", "36"): "gold"}  # one write each; retail 36 judged on 1.0.1
 
@@ -110,7 +127,7 @@ def test_a_task_index_of_the_other_tau2_stops_the_run_in_one_line(slime_env, loo
     other = "26.3" if V1 else "1.0.1"
     rows = prompt_rows(tmp_path / "p.jsonl", ["create_task_1"])
     row = json.loads(rows.read_text())
-    row["metadata"]["benchmark"]["tau2_version"] = other  # as `python -m tau2_rl_pipeline.tasks` wrote it there
+    row["metadata"]["benchmark"]["tau2_version"] = other  # as `python -m tau2_rl_pipeline.benchmark.tasks` wrote it there
     rows.write_text(json.dumps(row) + "\n")
     extra = ("--rollout-function-path", rollout_function, "--sglang-server-concurrency", "1") if rollout_function \
         else ()
@@ -124,5 +141,5 @@ def test_a_task_index_of_the_other_tau2_stops_the_run_in_one_line(slime_env, loo
     assert "\n" not in message and message == (
         f"the task index row 'tau2 mock task create_task_1' was produced with tau2 {other}, this run uses tau2 "
         f"{VERSION}: results of two tau2 versions are not comparable; write the task index again with this tau2 "
-        "(python -m tau2_rl_pipeline.tasks)")
+        "(python -m tau2_rl_pipeline.benchmark.tasks)")
     assert loopback.count("/generate") == 0  # no episode started

@@ -126,7 +126,7 @@ def test_grpo_parses_as_meant(parsed: dict[str, list[dict]], layout: str) -> Non
     assert (args["lr"], args["eps_clip"], args["eps_clip_high"], args["kl_loss_coef"]) == (1e-6, 0.2, 0.28, 0.01)
     assert args["use_kl_loss"] is True and args["kl_loss_type"] == "low_var_kl" and args["advantage_estimator"] == "grpo"
     assert args["rollout_function_path"] == "slime.rollout.sglang_rollout.generate_rollout"
-    assert args["custom_generate_function_path"] == "tau2_rl_pipeline.slime_adapter.generate"
+    assert args["custom_generate_function_path"] == "tau2_rl_pipeline.slime_plugins.adapter.generate"
     assert args["loss_mask_type"] == "qwen3" and args["sglang_mem_fraction_static"] == 0.7
     assert args["use_tis"] is False and args["partial_rollout"] is False
 
@@ -137,8 +137,8 @@ def test_async_grpo_parses_as_meant(parsed: dict[str, list[dict]], layout: str) 
     args = only(parsed, f"train_grpo.sh@{layout}-async")
     assert parsed[f"train_grpo.sh@{layout}-async"][0]["entry"] == "train_async.py"
     assert args["colocate"] is False  # train_async.py asserts it
-    assert args["rollout_function_path"] == "tau2_rl_pipeline.slime_adapter.generate_rollout_fully_async"
-    assert args["custom_generate_function_path"] == "tau2_rl_pipeline.slime_adapter.generate"
+    assert args["rollout_function_path"] == "tau2_rl_pipeline.slime_plugins.adapter.generate_rollout_fully_async"
+    assert args["custom_generate_function_path"] == "tau2_rl_pipeline.slime_plugins.adapter.generate"
     assert args["partial_rollout"] is args["mask_offpolicy_in_partial_rollout"] is args["use_tis"] is True
     assert args["use_rollout_logprobs"] is False  # slime refuses it together with --use-tis
     assert args["rollout_num_gpus"] == gpus // 2 and args["actor_num_gpus_per_node"] == gpus - gpus // 2
@@ -149,12 +149,12 @@ def test_async_grpo_parses_as_meant(parsed: dict[str, list[dict]], layout: str) 
 def test_async_grpo_options_switch_off(parsed: dict[str, list[dict]]) -> None:
     args = only(parsed, "train_grpo.sh-async-no-options")
     assert args["partial_rollout"] is args["mask_offpolicy_in_partial_rollout"] is args["use_tis"] is False
-    assert args["rollout_function_path"] == "tau2_rl_pipeline.slime_adapter.generate_rollout_fully_async"
+    assert args["rollout_function_path"] == "tau2_rl_pipeline.slime_plugins.adapter.generate_rollout_fully_async"
 
 
 def test_grpo_options_parse(parsed: dict[str, list[dict]]) -> None:
     args = only(parsed, "train_grpo.sh-all-options")
-    assert args["dynamic_sampling_filter_path"] == "tau2_rl_pipeline.slime_adapter.filter_zero_std_groups"
+    assert args["dynamic_sampling_filter_path"] == "tau2_rl_pipeline.slime_plugins.adapter.filter_zero_std_groups"
     assert args["use_wandb"] is True and args["wandb_group"] == "grpo-qwen3-4b"
     assert args["optimizer_cpu_offload"] is True and args["use_precision_aware_optimizer"] is True
 
@@ -166,7 +166,7 @@ def test_sft_parses_as_meant(parsed: dict[str, list[dict]], script: str, data: s
     args = only(parsed, f"{script}@{layout}")
     assert parsed[f"{script}@{layout}"][0]["entry"] == "train_async.py"
     assert args["debug_train_only"] is True and args["loss_type"] == "sft_loss"
-    assert args["rollout_function_path"] == "tau2_rl_pipeline.slime_sft.generate_rollout"
+    assert args["rollout_function_path"] == "tau2_rl_pipeline.slime_plugins.sft.generate_rollout"
     assert args["input_key"] == "messages" and args["tool_key"] == "tools" and args["loss_mask_type"] == "qwen3"
     assert args["prompt_data"].endswith(f"out/data/{data}") and args["num_epoch"] == 2
     assert args["calculate_per_token_loss"] is True and args["compute_advantages_and_returns"] is False

@@ -1,7 +1,7 @@
 """Whether the contract tier runs here: one skip line saying how to provide what it needs, else the real modules."""
 
 import pytest
-from contract_tier import MISSING, MEGATRON_DIR, SLIME_DIR
+from contract_tier import MEGATRON_DIR, MISSING, SLIME_DIR
 
 
 def test_slime_and_megatron_are_the_pinned_sources():

@@ -1,0 +1,458 @@
+"""The local backend's trainer: masked-NLL SFT, GRPO (PPO-clip) and advantage-weighted SFT steps on a causal LM.
+
+    trainer = LocalTrainer("out/sft", TrainConfig(log_jsonl="out/metrics.jsonl", lr=1e-5))
+    trainer.sft([sft_example_from_chat(tokenizer, chat, tools) for chat, tools in demos])
+    trainer.grpo_step([examples_from_trajectory(t.prompt_ids, t.response_ids, t.loss_mask, t.rollout_logprobs, a)
+                       for t, a in zip(trajectories, advantages)])
+    trainer.awsft_step(same_examples)  # or: advantage-weighted SFT on the same rollout batch (losses.awsft_loss)
+    trainer.save("out/step_1")  # a HF model directory: AutoModelForCausalLM / TransformersEngine.from_pretrained
+
+The loss definitions are slime's (see losses.py for which slime function each one follows). One optimizer step
+normalizes by the mask-1 token count of all its micro-batches (slime's --calculate-per-token-loss), so splitting
+a step into more, smaller micro-batches changes memory use, not the update. Weights stay float32 and `dtype`
+only sets the autocast compute dtype, so bf16 on a GPU does not round the optimizer's updates away.
+Every optimizer step writes one JSON line to `log_jsonl`, and to wandb when `wandb_project` is set.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import os
+import random
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tau2_rl_pipeline.learning.losses import (
+    gather_logprobs,
+    grpo_loss,
+    local_awsft_loss,
+    merge_metrics,
+    sft_loss,
+)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+@dataclass
+class TrainExample:
+    """One sequence with per-token arrays aligned to `input_ids` (index i is about predicting token i)."""
+
+    input_ids: list[int]
+    loss_mask: list[int]  # 1 = a target token (the policy's own), 0 = context (prompt, observations)
+    advantage: float = 0.0  # GRPO: the sequence's advantage, applied to each of its mask-1 tokens
+    old_logprobs: list[float] | None = None  # GRPO: rollout log-probs (0 where mask 0); None = on-policy
+
+    def __post_init__(self) -> None:
+        n = len(self.input_ids)
+        if n < 2:
+            raise ValueError(f"a training sequence needs at least 2 tokens, got {n}")
+        if len(self.loss_mask) != n:
+            raise ValueError(f"loss_mask has {len(self.loss_mask)} entries for {n} input ids")
+        if any(m not in (0, 1) for m in self.loss_mask):
+            raise ValueError("loss_mask must hold only 0 and 1")
+        if self.loss_mask[0]:
+            raise ValueError("loss_mask[0] must be 0: nothing precedes the first token to predict it")
+        if self.old_logprobs is not None and len(self.old_logprobs) != n:
+            raise ValueError(f"old_logprobs has {len(self.old_logprobs)} entries for {n} input ids")
+        if not math.isfinite(self.advantage):
+            raise ValueError(f"advantage must be finite, got {self.advantage}")
+
+    @property
+    def num_targets(self) -> int:
+        return sum(self.loss_mask)
+
+
+def examples_from_trajectory(prompt_ids: Sequence[int], response_ids: Sequence[int], loss_mask: Sequence[int],
+                             rollout_logprobs: Sequence[float] | None, advantage: float) -> TrainExample:
+    """A rollout's books (slime's Sample layout: mask and log-probs cover the response only) as one example."""
+    if len(loss_mask) != len(response_ids):
+        raise ValueError(f"loss_mask has {len(loss_mask)} entries for {len(response_ids)} response ids")
+    if rollout_logprobs is not None and len(rollout_logprobs) != len(response_ids):
+        raise ValueError(f"rollout_logprobs has {len(rollout_logprobs)} entries for {len(response_ids)} response ids")
+    pad = [0] * len(prompt_ids)
+    return TrainExample(
+        input_ids=list(prompt_ids) + list(response_ids), loss_mask=pad + list(loss_mask), advantage=float(advantage),
+        old_logprobs=None if rollout_logprobs is None else [0.0] * len(pad) + [float(x) for x in rollout_logprobs])
+
+
+def sft_example_from_chat(tokenizer: Any, chat: list[dict], tools: list[dict] | None = None) -> TrainExample:
+    """A demonstration as one example: mask 1 exactly on each assistant turn's text and its end-of-turn token.
+
+    Spans come from rendering prefixes with the chat template: an assistant turn starts where the prefix before
+    it plus the generation prompt ends, and stops after the end-of-turn token that rendering it appends. The
+    header, the newline after the end-of-turn token, and system/user/tool turns stay 0. The newline is the one
+    documented decision (tau2_rl_pipeline/slime_plugins/sft.py): never a target, since the policy never samples it
+    (rollouts stop at <|im_end|>); slime's qwen3 loss mask trains it, so the scripts run slime's SFT through
+    slime_plugins.sft, which clears it, and slime's mask then equals this one token for token (tests/contract).
+    Each span is tokenized on its own, exactly as a rollout keeps its books (prompt encoded once, sampled turns
+    as sampled, observations as template deltas), so SFT trains on the token sequences GRPO sees.
+    Trailing observations after the last assistant turn are dropped: nothing after them is a target. An
+    assistant message with `"step_loss_mask": 0` (slime's per-message switch; sft_data marks the fixed greeting
+    and rejected completions so) stays in the context and is not a target.
+    """
+    from tau2_rl_pipeline.benchmark.prompting import (
+        render,  # imports tau2 and litellm (seconds): only this needs them
+    )
+
+    end = tokenizer.eos_token
+    if not end:
+        raise ValueError("the tokenizer has no eos_token to end assistant turns with")
+    full = render(tokenizer, chat, tools, add_generation_prompt=False)
+    bounds = [0]
+    trainable: list[int] = []
+    for k, message in enumerate(chat):
+        if message.get("role") != "assistant":
+            continue
+        trainable.append(1 if message.get("step_loss_mask", 1) else 0)
+        head = render(tokenizer, chat[:k], tools, add_generation_prompt=True)
+        upto = render(tokenizer, chat[:k + 1], tools, add_generation_prompt=False)
+        stop = upto.rfind(end)
+        if not (full.startswith(upto) and upto.startswith(head) and stop >= len(head)):
+            raise ValueError(f"the chat template does not render turn {k} as a prefix of the whole chat")
+        bounds += [len(head), stop + len(end)]
+    if not any(trainable):
+        raise ValueError("the chat has no trainable assistant turn: nothing to learn from")
+    ids: list[int] = []
+    mask: list[int] = []
+    for i in range(len(bounds) - 1):
+        piece = tokenizer.encode(full[bounds[i]:bounds[i + 1]], add_special_tokens=False)
+        ids += piece
+        mask += [trainable[i // 2] if i % 2 else 0] * len(piece)  # odd segments are assistant turns
+    return TrainExample(input_ids=ids, loss_mask=mask)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Hyperparameters of the local trainer (defaults: slime's GRPO optimizer settings, lr for SFT)."""
+
+    log_jsonl: str | Path  # one JSON line per optimizer step, always
+    lr: float = 1e-5
+    weight_decay: float = 0.1  # AdamW, on matrices only: not on norms or biases (Megatron's default groups)
+    betas: tuple[float, float] = (0.9, 0.98)
+    micro_batch_size: int = 1  # sequences per forward pass
+    grad_accum_steps: int = 1  # SFT: micro-batches per optimizer step (GRPO: one step per grpo_step call)
+    max_grad_norm: float = 1.0  # clip the global grad norm to this (the logged grad_norm is before clipping)
+    epochs: int = 1  # SFT passes over the examples
+    eps_clip: float = 0.2  # PPO lower clip: ratio >= 1 - eps_clip
+    eps_clip_high: float = 0.28  # PPO upper clip: ratio <= 1 + eps_clip_high (slime's clip-higher)
+    kl_coef: float = 0.0  # GRPO and AWSFT: > 0 keeps a frozen copy of the starting model, adds kl_coef * low_var_kl
+    entropy_coef: float = 0.0  # loss -= entropy_coef * mean entropy
+    rollout_temperature: float = 1.0  # GRPO: logits / T, to score tokens under the distribution they came from
+    device: str = "cpu"
+    dtype: str = "float32"  # autocast compute dtype: float32 or bfloat16
+    seed: int = 0  # torch RNG and example shuffling
+    wandb_project: str | None = None  # also log to wandb (offline when WANDB_API_KEY is unset)
+
+    def __post_init__(self) -> None:
+        checks = [
+            (self.lr > 0, f"lr must be > 0, got {self.lr}"),
+            (self.weight_decay >= 0, f"weight_decay must be >= 0, got {self.weight_decay}"),
+            (len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas),
+             f"betas must be two numbers in [0, 1), got {self.betas}"),
+            (self.micro_batch_size >= 1, f"micro_batch_size must be >= 1, got {self.micro_batch_size}"),
+            (self.grad_accum_steps >= 1, f"grad_accum_steps must be >= 1, got {self.grad_accum_steps}"),
+            (self.max_grad_norm > 0, f"max_grad_norm must be > 0, got {self.max_grad_norm}"),
+            (self.epochs >= 1, f"epochs must be >= 1, got {self.epochs}"),
+            (0 <= self.eps_clip < 1, f"eps_clip must be in [0, 1), got {self.eps_clip}"),
+            (self.eps_clip_high >= 0, f"eps_clip_high must be >= 0, got {self.eps_clip_high}"),
+            (self.kl_coef >= 0, f"kl_coef must be >= 0, got {self.kl_coef}"),
+            (math.isfinite(self.entropy_coef), f"entropy_coef must be finite, got {self.entropy_coef}"),
+            (self.rollout_temperature > 0, f"rollout_temperature must be > 0, got {self.rollout_temperature}"),
+            (self.dtype in DTYPES, f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}"),
+            (bool(str(self.log_jsonl)), "log_jsonl must be a file path"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(message)
+
+
+def token_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, temperature: float = 1.0,
+                   with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-prob of each token given the ones before it ([batch, seq], 0 at position 0), and the entropy of the
+    distribution it was predicted from (None unless asked)."""
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
+    logprobs, entropy = gather_logprobs(logits[:, :-1], input_ids[:, 1:], temperature=temperature,
+                                        with_entropy=with_entropy)
+    pad = logprobs.new_zeros(logprobs.shape[0], 1)
+    return torch.cat([pad, logprobs], 1), None if entropy is None else torch.cat([pad, entropy], 1)
+
+
+@dataclass
+class _Batch:
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    loss_mask: torch.Tensor
+    old_logprobs: torch.Tensor
+    has_old: torch.Tensor  # [batch, 1] bool: rows without rollout log-probs are scored on-policy
+    advantages: torch.Tensor  # [batch, 1]
+
+
+def _collate(examples: Sequence[TrainExample], pad_id: int, device: torch.device) -> _Batch:
+    """Right-padded tensors; padding has attention 0 and mask 0 (causal attention keeps real tokens unaffected)."""
+    width = max(len(e.input_ids) for e in examples)
+
+    def rows(get: Callable[[TrainExample], list], fill: float, dtype: torch.dtype) -> torch.Tensor:
+        padded = [get(e) + [fill] * (width - len(e.input_ids)) for e in examples]
+        return torch.tensor(padded, dtype=dtype, device=device)
+
+    return _Batch(
+        input_ids=rows(lambda e: list(e.input_ids), pad_id, torch.long),
+        attention_mask=rows(lambda e: [1] * len(e.input_ids), 0, torch.long),
+        loss_mask=rows(lambda e: list(e.loss_mask), 0, torch.float32),
+        old_logprobs=rows(lambda e: list(e.old_logprobs or [0.0] * len(e.input_ids)), 0.0, torch.float32),
+        has_old=torch.tensor([[e.old_logprobs is not None] for e in examples], device=device),
+        advantages=torch.tensor([[e.advantage] for e in examples], dtype=torch.float32, device=device))
+
+
+def _chunks(items: Sequence[Any], size: int) -> list[Sequence[Any]]:
+    return [items[i:i + size] for i in range(0, len(items), size)]
+
+
+@contextmanager
+def _progress(description: str, total: int) -> Iterator[Callable[..., None]]:
+    """A rich progress bar on a terminal; yields advance(status). Nests under a caller's own bar (rich >= 14).
+    When stderr is not a terminal (a log file, CI) a bar shows nothing until it ends: one line per step instead."""
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+    )
+
+    if not Console(stderr=True).is_terminal:
+        t0, done = time.perf_counter(), 0
+
+        def log_line(status: str = "") -> None:
+            nonlocal done
+            done += 1
+            print(f"{description} {done}/{total} {status} ({time.perf_counter() - t0:.1f}s)".replace("  ", " "),
+                  file=sys.stderr, flush=True)
+
+        yield log_line
+        return
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  TextColumn("{task.fields[status]}")) as bar:
+        task = bar.add_task(description, total=total, status="")
+        yield lambda status="": bar.update(task, advance=1, status=status)
+
+
+class MetricsSink:
+    """Appends one JSON object per line to a local file (opened per record, so a crash keeps every finished
+    step and nothing needs closing) and mirrors the numbers to wandb when a project is given. wandb is optional
+    and never a dependency."""
+
+    def __init__(self, path: str | Path, wandb_project: str | None = None, config: dict | None = None) -> None:
+        self._run = _start_wandb(wandb_project, config or {}) if wandb_project else None
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+
+    def write(self, record: dict[str, Any]) -> None:
+        with self.path.open("a", encoding="utf-8") as f:
+            f.write(json.dumps(record, sort_keys=True) + "\n")
+        if self._run is not None:
+            numbers = {k: v for k, v in record.items() if isinstance(v, (int, float)) and k != "step"}
+            self._run.log(numbers, step=record["step"])
+
+    def close(self) -> None:
+        """Finish the wandb run (the JSONL file needs nothing)."""
+        if self._run is not None:
+            self._run.finish()
+
+
+def _start_wandb(project: str, config: dict) -> Any:
+    try:
+        import wandb
+    except ImportError:
+        raise RuntimeError("wandb_project is set but wandb is not installed: pip install wandb, "
+                           "or leave wandb_project unset") from None
+    # Without a key (and no WANDB_MODE chosen) log offline: runs sync later with `wandb sync`, nothing prompts.
+    offline = not os.environ.get("WANDB_API_KEY") and not os.environ.get("WANDB_MODE")
+    return wandb.init(project=project, config=config, mode="offline" if offline else None)
+
+
+class LocalTrainer:
+    """Trains one causal LM in this process. Build it from a HF model directory (weights and tokenizer) or from
+    a model object plus its tokenizer; `close()` finishes the wandb run, if any."""
+
+    def __init__(self, model_dir_or_model: str | Path | Any, cfg: TrainConfig, tokenizer: Any = None) -> None:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        if cfg.device.startswith("cuda") and not torch.cuda.is_available():
+            raise ValueError(f"device {cfg.device!r} requested but torch.cuda.is_available() is False")
+        self.cfg = cfg
+        self.device = torch.device(cfg.device)
+        torch.manual_seed(cfg.seed)  # dropout, if a model has any; example order has its own RNG
+        self._shuffle = random.Random(cfg.seed)
+        if isinstance(model_dir_or_model, (str, Path)):
+            model = AutoModelForCausalLM.from_pretrained(str(model_dir_or_model), dtype=torch.float32)
+            if tokenizer is None:
+                tokenizer = AutoTokenizer.from_pretrained(str(model_dir_or_model))
+        else:
+            model = model_dir_or_model
+        self.model = model.to(device=self.device, dtype=torch.float32).train()
+        self.tokenizer = tokenizer
+        pad = getattr(tokenizer, "pad_token_id", None)
+        self.pad_id = int(pad if pad is not None else (getattr(model.config, "pad_token_id", None) or 0))
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(
+            [{"params": [p for p in params if p.ndim >= 2], "weight_decay": cfg.weight_decay},
+             {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}],
+            lr=cfg.lr, betas=cfg.betas)
+        self.reference = None
+        if cfg.kl_coef > 0:
+            self.reference = copy.deepcopy(self.model).eval().requires_grad_(False)
+        self.step = 0
+        self.sink = MetricsSink(cfg.log_jsonl, cfg.wandb_project, {**asdict(cfg), "log_jsonl": str(cfg.log_jsonl)})
+
+    # -- forward passes ---------------------------------------------------------------------------------
+    def _logprobs(self, model: Any, batch: _Batch, *, temperature: float = 1.0,
+                  with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        dtype = DTYPES[self.cfg.dtype]
+        with torch.autocast(self.device.type, dtype=dtype, enabled=dtype != torch.float32):
+            return token_logprobs(model, batch.input_ids, batch.attention_mask, temperature=temperature,
+                                  with_entropy=with_entropy)
+
+    def evaluate(self, examples: Sequence[TrainExample]) -> float:
+        """Masked token-mean NLL of `examples` under the current weights (no update)."""
+        total = sum(e.num_targets for e in examples)
+        if total == 0:
+            raise ValueError("no example has a mask-1 token to evaluate")
+        nll = 0.0
+        self.model.eval()
+        with torch.no_grad(), _progress("eval", math.ceil(len(examples) / self.cfg.micro_batch_size)) as advance:
+            for chunk in _chunks(examples, self.cfg.micro_batch_size):
+                batch = _collate(chunk, self.pad_id, self.device)
+                nll += float(sft_loss(self._logprobs(self.model, batch)[0], batch.loss_mask, num_tokens=total)[0])
+                advance()
+        self.model.train()
+        return nll
+
+    # -- optimizer steps ----------------------------------------------------------------------------------
+    def _optimizer_step(self, examples: Sequence[TrainExample], micro_loss: Callable[[_Batch, int], tuple],
+                        advance: Callable[..., None] | None = None) -> dict[str, Any]:
+        """Accumulate gradients over micro-batches, each loss divided by the step's total target count, then
+        clip and step. A non-finite gradient stops training rather than writing NaN weights."""
+        num_tokens = sum(e.num_targets for e in examples)
+        if num_tokens == 0:
+            raise ValueError(f"step {self.step + 1}: no example has a mask-1 token to train on")
+        self.optimizer.zero_grad(set_to_none=True)
+        metrics: dict[str, float] = {}
+        for chunk in _chunks(examples, self.cfg.micro_batch_size):
+            loss, part = micro_loss(_collate(chunk, self.pad_id, self.device), num_tokens)
+            loss.backward()
+            metrics = merge_metrics(metrics, part)
+            if advance is not None:
+                advance()
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.max_grad_norm))
+        if not math.isfinite(grad_norm):
+            raise FloatingPointError(f"step {self.step + 1}: gradient norm is {grad_norm}; lower lr or use float32")
+        self.optimizer.step()
+        self.step += 1
+        return {"step": self.step, **metrics, "grad_norm": grad_norm, "lr": self.optimizer.param_groups[0]["lr"],
+                "tokens": num_tokens, "sequences": len(examples)}
+
+    def _sft_micro_loss(self, batch: _Batch, num_tokens: int) -> tuple[torch.Tensor, dict[str, float]]:
+        return sft_loss(self._logprobs(self.model, batch)[0], batch.loss_mask, num_tokens=num_tokens)
+
+    def sft(self, examples: Sequence[TrainExample], *, eval_examples: Sequence[TrainExample] | None = None
+            ) -> list[dict[str, Any]]:
+        """`epochs` shuffled passes, micro_batch_size * grad_accum_steps sequences per optimizer step; with
+        `eval_examples`, the last step of each epoch also records their masked loss as eval_loss."""
+        if not examples:
+            raise ValueError("sft needs at least one example")
+        per_step = self.cfg.micro_batch_size * self.cfg.grad_accum_steps
+        steps_per_epoch = math.ceil(len(examples) / per_step)
+        records = []
+        with _progress("sft", self.cfg.epochs * steps_per_epoch) as advance:
+            for epoch in range(self.cfg.epochs):
+                order = list(examples)
+                self._shuffle.shuffle(order)
+                for i, chunk in enumerate(_chunks(order, per_step)):
+                    record = {"stage": "sft", "epoch": epoch, **self._optimizer_step(chunk, self._sft_micro_loss)}
+                    if eval_examples and i == steps_per_epoch - 1:
+                        record["eval_loss"] = self.evaluate(eval_examples)
+                    self.sink.write(record)
+                    records.append(record)
+                    advance(status=f"loss {record['loss']:.4f}")
+        return records
+
+    def _grpo_micro_loss(self, batch: _Batch, num_tokens: int) -> tuple[torch.Tensor, dict[str, float]]:
+        cfg = self.cfg
+        logprobs, entropy = self._logprobs(self.model, batch, temperature=cfg.rollout_temperature,
+                                           with_entropy=True)
+        old = torch.where(batch.has_old, batch.old_logprobs, logprobs.detach())
+        ref = self._reference_logprobs(batch, cfg.rollout_temperature)
+        return grpo_loss(logprobs, old, batch.advantages, batch.loss_mask, eps_clip=cfg.eps_clip,
+                         eps_clip_high=cfg.eps_clip_high, num_tokens=num_tokens,
+                         entropy=entropy if cfg.entropy_coef else entropy.detach(), entropy_coef=cfg.entropy_coef,
+                         ref_logprobs=ref, kl_coef=cfg.kl_coef)
+
+    def _reference_logprobs(self, batch: _Batch, temperature: float) -> torch.Tensor | None:
+        if self.reference is None:
+            return None
+        with torch.no_grad():
+            return self._logprobs(self.reference, batch, temperature=temperature)[0]
+
+    def _awsft_micro_loss(self, batch: _Batch, num_tokens: int) -> tuple[torch.Tensor, dict[str, float]]:
+        # Scored at the rollout temperature, as slime scores every loss (and its reference log-probs).
+        temperature = self.cfg.rollout_temperature
+        logprobs = self._logprobs(self.model, batch, temperature=temperature)[0]
+        return local_awsft_loss(logprobs, batch.advantages, batch.loss_mask, num_tokens=num_tokens,
+                                ref_logprobs=self._reference_logprobs(batch, temperature), kl_coef=self.cfg.kl_coef)
+
+    def grpo_step(self, examples: Sequence[TrainExample]) -> dict[str, Any]:
+        """One optimizer step on a rollout batch (all its micro-batches accumulated). Examples without
+        old_logprobs are scored against the current weights (ratio 1, as slime without rollout log-probs)."""
+        return self._policy_step("grpo", examples, self._grpo_micro_loss)
+
+    def awsft_step(self, examples: Sequence[TrainExample]) -> dict[str, Any]:
+        """One advantage-weighted SFT step on a rollout batch: each example's NLL weighted by
+        losses.awsft_weights(its advantage), plus kl_coef * low_var_kl to the starting model. old_logprobs are
+        not used (no importance ratio: the stability of SFT)."""
+        return self._policy_step("awsft", examples, self._awsft_micro_loss)
+
+    def _policy_step(self, stage: str, examples: Sequence[TrainExample], micro_loss: Callable) -> dict[str, Any]:
+        if not examples:
+            raise ValueError(f"{stage}_step needs at least one example")
+        with _progress(f"{stage} step {self.step + 1}", math.ceil(len(examples) / self.cfg.micro_batch_size)) as advance:
+            record = {"stage": stage, **self._optimizer_step(examples, micro_loss, advance),
+                      "advantage_mean": sum(e.advantage for e in examples) / len(examples)}
+        self.sink.write(record)
+        return record
+
+    # -- checkpoints ----------------------------------------------------------------------------------------
+    def save(self, out_dir: str | Path) -> Path:
+        """Write weights and tokenizer as a HF model directory. It appears complete or not at all (staged
+        beside it, then renamed); an existing non-empty directory is refused, never overwritten."""
+        out = Path(out_dir)
+        if self.tokenizer is None:
+            raise ValueError("no tokenizer: pass tokenizer= to LocalTrainer to save a loadable model directory")
+        if out.exists() and any(out.iterdir()):
+            raise FileExistsError(f"{out} exists and is not empty; save each checkpoint to a new directory")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+        try:
+            self.model.save_pretrained(str(staging))
+            self.tokenizer.save_pretrained(str(staging))
+            if out.exists():
+                out.rmdir()
+            staging.rename(out)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        return out
+
+    def close(self) -> None:
+        self.sink.close()
