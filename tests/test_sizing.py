@@ -156,7 +156,7 @@ def test_defaults_follow_the_model() -> None:
     assert big["HF_MODEL_ID"] == "Qwen/Qwen3-30B-A3B" and big["TRAIN_EP"] == "16" and big["CPU_ADAM"] == "0"
     assert defaults("qwen3-30b-a3b", "", 8)["CPU_ADAM"] == "1"  # one node's 8 GPUs: slime's run-qwen3-30B-A3B.sh
     assert defaults("", "", 4)["MODEL"] == DEFAULT_MODEL
-    assert defaults("qwen3-8b", "", 4)["SFT_LR"] == "5e-06" and defaults(DEFAULT_MODEL, "", 4)["SFT_LR"] == "1e-05"
+    assert defaults("qwen3-8b", "", 4)["SFT_LR"] == "5e-6" and defaults(DEFAULT_MODEL, "", 4)["SFT_LR"] == "1e-5"
     assert defaults(DEFAULT_MODEL, "", 12)["TRAIN_TP"] == "2"  # a world between two listed: the smaller one's layout
 
 

@@ -35,9 +35,9 @@ class Preset:
     model_file: str  # under scripts/models/
     short: str  # wandb groups: sft-<short>, rft-<short>, grpo-<short>
     layouts: dict[int, ParallelLayout]
-    sft_lr: float = 1e-5
-    sft_min_lr: float = 1e-6
-    grpo_lr: float = 1e-6
+    sft_lr: str = "1e-5"  # as the flags spell them
+    sft_min_lr: str = "1e-6"
+    grpo_lr: str = "1e-6"
 
 
 DEFAULT_MODEL = "qwen3-4b-instruct-2507"
@@ -67,20 +67,20 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
         8: ParallelLayout(tp=2),
         16: ParallelLayout(tp=2),
         32: ParallelLayout(tp=2),
-    }, sft_lr=5e-6, sft_min_lr=5e-7),
+    }, sft_lr="5e-6", sft_min_lr="5e-7"),
     Preset("qwen3-14b", "Qwen/Qwen3-14B", "qwen3-14B.sh", "qwen3-14b", {
         4: ParallelLayout(tp=4, cpu_adam=True, engine_gpus=2),
         8: ParallelLayout(tp=4, engine_gpus=2),
         16: ParallelLayout(tp=4, engine_gpus=2),
         32: ParallelLayout(tp=4, engine_gpus=2),
-    }, sft_lr=5e-6, sft_min_lr=5e-7),
+    }, sft_lr="5e-6", sft_min_lr="5e-7"),
     # MoE: experts spread over EP ranks; CPU Adam while each rank holds 16 or more experts' optimizer states.
     Preset("qwen3-30b-a3b", "Qwen/Qwen3-30B-A3B", "qwen3-30B-A3B.sh", "qwen3-30b-a3b", {
         4: ParallelLayout(tp=4, ep=4, cpu_adam=True, engine_gpus=4),
         8: ParallelLayout(tp=4, ep=8, cpu_adam=True, engine_gpus=4),
         16: ParallelLayout(tp=4, ep=16, engine_gpus=4),
         32: ParallelLayout(tp=4, ep=32, engine_gpus=4),
-    }, sft_lr=5e-6, sft_min_lr=5e-7),
+    }, sft_lr="5e-6", sft_min_lr="5e-7"),
 )}
 
 
@@ -142,7 +142,7 @@ def defaults(model: str, recipe: str, world: int) -> dict[str, str]:
         "TRAIN_EP": str(lay.ep), "CPU_ADAM": "1" if lay.cpu_adam else "0",
         "SFT_MAX_TOKENS_PER_GPU": str(lay.max_tokens_per_gpu), "GRPO_MAX_TOKENS_PER_GPU": str(lay.max_tokens_per_gpu),
         "GRPO_SGLANG_MEM_FRACTION": str(lay.mem_fraction), "ROLLOUT_GPUS_PER_ENGINE": str(lay.engine_gpus),
-        "SFT_LR": f"{p.sft_lr:g}", "SFT_MIN_LR": f"{p.sft_min_lr:g}", "GRPO_LR": f"{p.grpo_lr:g}",
+        "SFT_LR": p.sft_lr, "SFT_MIN_LR": p.sft_min_lr, "GRPO_LR": p.grpo_lr,
         # A batch the data-parallel ranks share evenly: 16 rows (the cookbook's), or one per rank past 16 ranks.
         "SFT_BATCH_SIZE": str(16 if 16 % dp == 0 else dp),
     }
