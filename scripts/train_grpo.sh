@@ -87,7 +87,7 @@ if [[ "${GRPO_ASYNC}" == 1 ]]; then
   ((TRAIN_TP <= ACTOR_GPUS)) || TRAIN_TP="${ACTOR_GPUS}"
   ((ACTOR_GPUS % TRAIN_TP == 0)) || die "TRAIN_TP=${TRAIN_TP} does not divide the ${ACTOR_GPUS} training GPUs of GRPO_ASYNC=1"
 fi
-DP=$((ACTOR_GPUS / TRAIN_TP))
+DP=$((ACTOR_GPUS / (TRAIN_TP * TRAIN_PP * TRAIN_CP)))
 ((GRPO_GLOBAL_BATCH_SIZE % DP == 0)) ||
   die "GRPO_GLOBAL_BATCH_SIZE=${GRPO_GLOBAL_BATCH_SIZE} is not a multiple of the data-parallel size ${DP}"
 require_file "${GRPO_PROMPT_DATA}" "GRPO task index (python -m tau2_rl_pipeline.benchmark.tasks)"
@@ -95,9 +95,9 @@ require_dir "${GRPO_INIT_DIR}" "initial torch_dist checkpoint (scripts/train_rft
 require_file "${BASE_HF_DIR}/config.json" "base model (scripts/download.sh)"
 require_dir "${SLIME_DIR}" "slime (SLIME_DIR)"
 require_user_sim
-if [[ "${GRPO_ASYNC}" == 1 ]]; then _rollout_gpus="${ROLLOUT_NUM_GPUS:-${GRPO_ASYNC_ROLLOUT_GPUS}}"; else _rollout_gpus="${ROLLOUT_NUM_GPUS:-${ACTOR_GPUS}}"; fi
-size_stage grpo --nodes "${ACTOR_NUM_NODES:-1}" --gpus-per-node "${ACTOR_GPUS_PER_NODE:-${ACTOR_GPUS}}" \
-  --rollout-gpus "${_rollout_gpus}" --colocated "$((1 - GRPO_ASYNC))" --max-tokens-per-gpu "${GRPO_MAX_TOKENS_PER_GPU}" \
+if [[ "${GRPO_ASYNC}" == 1 ]]; then _nodes=1 _rollout_gpus="${GRPO_ASYNC_ROLLOUT_GPUS}"; else _nodes="${NUM_NODES:-1}" _rollout_gpus=$((${NUM_NODES:-1} * ACTOR_GPUS)); fi
+size_stage grpo --nodes "${ACTOR_NUM_NODES:-${_nodes}}" --gpus-per-node "${ACTOR_GPUS_PER_NODE:-${ACTOR_GPUS}}" \
+  --rollout-gpus "${ROLLOUT_NUM_GPUS:-${_rollout_gpus}}" --colocated "$((1 - GRPO_ASYNC))" --max-tokens-per-gpu "${GRPO_MAX_TOKENS_PER_GPU}" \
   --mem-fraction "${GRPO_SGLANG_MEM_FRACTION}" --rollout-batch "${GRPO_ROLLOUT_BATCH_SIZE}" --samples "${GRPO_N_SAMPLES}"
 if [[ "${GRPO_ASYNC}" == 1 ]]; then
   note "layout ${TAU2_GPU_LAYOUT}, asynchronous: policy on GPUs ${POLICY_GPUS}: ${ACTOR_GPUS} training (TP${TRAIN_TP} x DP${DP}), ${GRPO_ASYNC_ROLLOUT_GPUS} rollout; user simulator on ${USER_SIM_GPUS}"

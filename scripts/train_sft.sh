@@ -27,13 +27,13 @@ SFT_SAVE_INTERVAL="${SFT_SAVE_INTERVAL:-50}"
 
 for name in SFT_EPOCHS SFT_BATCH_SIZE SFT_SAVE_INTERVAL SFT_MAX_TOKENS_PER_GPU; do require_uint "${name}" "${!name}"; done
 for name in SFT_LR SFT_MIN_LR SFT_WARMUP_FRACTION SFT_WEIGHT_DECAY; do require_number "${name}" "${!name}"; done
-DP=$((NUM_POLICY_GPUS / TRAIN_TP))
+DP=$((NUM_POLICY_GPUS / (TRAIN_TP * TRAIN_PP * TRAIN_CP)))
 ((SFT_BATCH_SIZE % DP == 0)) || die "SFT_BATCH_SIZE=${SFT_BATCH_SIZE} is not a multiple of the data-parallel size ${DP}"
 require_file "${SFT_DATA}" "SFT data (scripts/download.sh, or generate_rft.sh for RFT)"
 require_dir "${SFT_INIT_DIR}" "initial torch_dist checkpoint (scripts/convert_hf_to_megatron.sh)"
 require_file "${BASE_HF_DIR}/config.json" "base model (scripts/download.sh)"
 require_dir "${SLIME_DIR}" "slime (SLIME_DIR)"
-size_stage sft --nodes "${ACTOR_NUM_NODES:-1}" --gpus-per-node "${ACTOR_GPUS_PER_NODE:-${NUM_POLICY_GPUS}}" \
+size_stage sft --nodes "${ACTOR_NUM_NODES:-${NUM_NODES:-1}}" --gpus-per-node "${ACTOR_GPUS_PER_NODE:-${NUM_POLICY_GPUS}}" \
   --max-tokens-per-gpu "${SFT_MAX_TOKENS_PER_GPU}"
 note "layout ${TAU2_GPU_LAYOUT}: training on GPUs ${POLICY_GPUS} (TP${TRAIN_TP} x DP${DP})"
 
