@@ -83,10 +83,10 @@ if [[ "${GRPO_ASYNC}" == 1 ]]; then
     die "TAU2_FILTER_ZERO_STD=1 has no effect with GRPO_ASYNC=1: slime's fully async rollout applies no dynamic-sampling filter"
   fi
   ACTOR_GPUS=$((NUM_POLICY_GPUS - GRPO_ASYNC_ROLLOUT_GPUS))
-  apply_preset "$((${ACTOR_NUM_NODES:-1} * ${ACTOR_GPUS_PER_NODE:-${ACTOR_GPUS}}))"  # the layout of the training GPUs alone
   ((TRAIN_TP <= ACTOR_GPUS)) || TRAIN_TP="${ACTOR_GPUS}"
   ((ACTOR_GPUS % TRAIN_TP == 0)) || die "TRAIN_TP=${TRAIN_TP} does not divide the ${ACTOR_GPUS} training GPUs of GRPO_ASYNC=1"
 fi
+if [[ "${GRPO_ASYNC}" == 1 ]]; then apply_preset "${ACTOR_GPUS}"; fi  # the layout of the training GPUs alone
 DP=$((ACTOR_GPUS / (TRAIN_TP * TRAIN_PP * TRAIN_CP)))
 ((GRPO_GLOBAL_BATCH_SIZE % DP == 0)) ||
   die "GRPO_GLOBAL_BATCH_SIZE=${GRPO_GLOBAL_BATCH_SIZE} is not a multiple of the data-parallel size ${DP}"

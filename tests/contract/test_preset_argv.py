@@ -27,8 +27,11 @@ PER_NODE = 4  # TAU2_GPU_LAYOUT=8: 4 policy GPUs a node
 
 
 def multi_node_env(nodes: int) -> dict[str, str]:
-    """A dry run on `nodes` nodes: a cluster that is already up (the joined-cluster path of scripts/cluster.sh)."""
-    return {} if nodes == 1 else {"NUM_NODES": str(nodes), "RAY_ADDRESS": "http://127.0.0.1:8265"}
+    """A dry run on `nodes` nodes: a cluster that is already up (scripts/cluster.sh's joined-cluster path, with the
+    interfaces it asks for and a user simulator every node reaches)."""
+    return {} if nodes == 1 else {"NUM_NODES": str(nodes), "RAY_ADDRESS": "http://10.0.0.1:8265",
+                                  "GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo",
+                                  "TAU2_USER_API_BASE": "http://10.0.0.1:30100/v1"}
 
 
 def accepted() -> dict[str, tuple[str, dict[str, str], int]]:
