@@ -240,9 +240,14 @@ PRESET_APPLIED=0
 scale_cli() { PYTHONPATH="${TAU2_ROOT}${PYTHONPATH:+:${PYTHONPATH}}" python3 -m tau2_rl_pipeline.scale.cli "$@"; }
 # apply_preset WORLD: the preset's defaults for WORLD training GPUs (again with the asynchronous split's world).
 apply_preset() {
-  local out key value
+  local out line key value
   out="$(scale_cli defaults --model "${MODEL}" --recipe "${RECIPE}" --world "$1" 2>&1)" || die "${out#error: }"
-  while IFS='=' read -r key value; do
+  while IFS= read -r line; do
+    if [[ "${line}" == "# "* ]]; then  # a note on the recipe, said once
+      [[ "${PRESET_APPLIED}" == 1 ]] || note "${line#\# }"
+      continue
+    fi
+    key="${line%%=*}" value="${line#*=}"
     if [[ "${PRESET_APPLIED}" == 0 && -n "${!key:-}" ]]; then PRESET_USER_SET+=" ${key} "; fi
     [[ "${PRESET_USER_SET}" == *" ${key} "* ]] || export "${key}=${value}"
   done <<<"${out}"

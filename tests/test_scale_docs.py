@@ -24,7 +24,7 @@ def generated_blocks(text: str) -> dict[str, str]:
     return {m.group(1): m.group(0) for m in re.finditer(pattern, text, re.S)}
 
 
-@pytest.mark.parametrize("page, names", [("docs/training-at-scale.md", {"presets", "sizing", "cost"}),
+@pytest.mark.parametrize("page, names", [("docs/training-at-scale.md", {"presets", "sizing", "cost", "recipe"}),
                                          ("README.md", {"presets"})])
 def test_pages_carry_the_generated_tables(page: str, names: set[str]) -> None:
     blocks = generated_blocks((ROOT / page).read_text())
@@ -35,7 +35,7 @@ def test_pages_carry_the_generated_tables(page: str, names: set[str]) -> None:
 
 def test_tables_cli_names_a_bad_table(capsys: pytest.CaptureFixture[str]) -> None:
     assert tables.main(["nope"]) == 1
-    assert capsys.readouterr().err.strip() == "error: no table nope: one of presets, sizing, cost"
+    assert capsys.readouterr().err.strip() == "error: no table nope: one of presets, sizing, cost, recipe"
 
 
 def test_every_input_says_where_it_comes_from() -> None:

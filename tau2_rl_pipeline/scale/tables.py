@@ -78,7 +78,14 @@ def cost_block() -> list[str]:
             *cost.table(MODELS_DIR, ("qwen3-8b",), recipe="qwen3-8b-tau2"), "", "Inputs:", "", *cost.inputs_table()]
 
 
-BLOCKS = {"presets": presets_table, "sizing": sizing_table, "cost": cost_block}
+def recipe_block() -> list[str]:
+    """RECIPE=qwen3-8b-tau2: the settings it sets, and where it departs from the protocol (what its dry run says)."""
+    r = RECIPES["qwen3-8b-tau2"]
+    return [f"`RECIPE={r.name}` sets `MODEL={r.model}` and " + ", ".join(f"`{k}={v}`" for k, v in r.settings.items())
+            + ". Where it differs:", "", *(f"- {d}" for d in r.differs)]
+
+
+BLOCKS = {"presets": presets_table, "sizing": sizing_table, "cost": cost_block, "recipe": recipe_block}
 
 
 def block(name: str) -> str:
