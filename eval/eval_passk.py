@@ -56,13 +56,7 @@ async def _evaluate(pending: Sequence[tuple[str, Any, int]], args: argparse.Name
 
 
 def _progress(console: Any, total: int, done: dict[Key, dict]) -> tuple[Any, Callable[[dict], None]]:
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-    )
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from tau2_rl_pipeline.metrics import is_success
 

@@ -17,17 +17,8 @@ from eval.episodes_file import Key
 from eval.submission import check_submittable
 from tau2_rl_pipeline.benchmark import judge
 from tau2_rl_pipeline.benchmark.tasks import TaskLookupError, check_split, load_tasks
-from tau2_rl_pipeline.benchmark.tau2_version import (
-    VERSION,
-    benchmark_id,
-    check_retrieval_variant,
-    needs_judge,
-)
-from tau2_rl_pipeline.benchmark.users import (
-    llm_user_args,
-    make_user_factory,
-    user_client_kind,
-)
+from tau2_rl_pipeline.benchmark.tau2_version import VERSION, benchmark_id, check_retrieval_variant, needs_judge
+from tau2_rl_pipeline.benchmark.users import llm_user_args, make_user_factory, user_client_kind
 from tau2_rl_pipeline.config import Tau2Config, config_from_args
 from tau2_rl_pipeline.rollout.engines import SamplingParams
 

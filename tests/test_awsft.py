@@ -9,12 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tau2_rl_pipeline.learning.losses import (
-    awsft_loss,
-    awsft_weights,
-    local_awsft_loss,
-    low_var_kl,
-)
+from tau2_rl_pipeline.learning.losses import awsft_loss, awsft_weights, local_awsft_loss, low_var_kl
 from tau2_rl_pipeline.local.trainer import LocalTrainer, TrainConfig, TrainExample
 
 

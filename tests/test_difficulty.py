@@ -10,12 +10,7 @@ from pathlib import Path
 import pytest
 
 from tau2_rl_pipeline.config import Tau2Config
-from tau2_rl_pipeline.selection.difficulty import (
-    filter_task_rows,
-    filter_tasks,
-    main,
-    pass_rates,
-)
+from tau2_rl_pipeline.selection.difficulty import filter_task_rows, filter_tasks, main, pass_rates
 
 ROOT = Path(__file__).resolve().parents[1]
 CFG = Tau2Config()

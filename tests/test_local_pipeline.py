@@ -17,21 +17,11 @@ from pathlib import Path
 import pytest
 
 from tau2_rl_pipeline.benchmark.tasks import load_tasks
-from tau2_rl_pipeline.benchmark.tau2_version import (
-    V1,
-    VERSION,
-    BenchmarkMismatch,
-    task_set_hash,
-)
+from tau2_rl_pipeline.benchmark.tau2_version import V1, VERSION, BenchmarkMismatch, task_set_hash
 from tau2_rl_pipeline.config import Tau2Config, config_from_args
 from tau2_rl_pipeline.local.demo_report import grpo_summary, summary_lines, write_charts
 from tau2_rl_pipeline.local.grpo import GrpoProgress, GrpoSettings, grpo_stage
-from tau2_rl_pipeline.local.pipeline import (
-    build_parser,
-    main,
-    run_benchmark,
-    stage_settings,
-)
+from tau2_rl_pipeline.local.pipeline import build_parser, main, run_benchmark, stage_settings
 from tau2_rl_pipeline.local.stage_book import RUN, SKIP, StageBook, StaleOutputError
 
 BENCHMARK = {"tau2_version": "0.0", "task_set_hash": "0" * 16}  # any: the book only records and compares it

@@ -10,14 +10,7 @@ from itertools import combinations
 import numpy as np
 import pytest
 
-from tau2_rl_pipeline.metrics import (
-    bootstrap_ci,
-    format_metric,
-    is_success,
-    pass_at_k,
-    pass_hat_k,
-    summarize,
-)
+from tau2_rl_pipeline.metrics import bootstrap_ci, format_metric, is_success, pass_at_k, pass_hat_k, summarize
 
 
 def rec(domain, task_id, sample, reward, *, status="completed", partial=None, reason=None, parse_errors=0,

@@ -14,11 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tau2_rl_pipeline.benchmark.actions import (
-    format_tool_call,
-    parse_completion,
-    render_assistant_text,
-)
+from tau2_rl_pipeline.benchmark.actions import format_tool_call, parse_completion, render_assistant_text
 from tau2_rl_pipeline.benchmark.episode import AGENT_STOP_TOKEN
 from tau2_rl_pipeline.benchmark.oracle import gold_actions
 from tau2_rl_pipeline.benchmark.prompting import render

@@ -24,13 +24,7 @@ from tau2_rl_pipeline.benchmark.prompting import render
 from tau2_rl_pipeline.benchmark.tasks import get_task, load_tasks
 from tau2_rl_pipeline.benchmark.users import ScriptedUser, opening_request
 from tau2_rl_pipeline.config import Tau2Config
-from tau2_rl_pipeline.learning.losses import (
-    gather_logprobs,
-    grpo_loss,
-    low_var_kl,
-    merge_metrics,
-    sft_loss,
-)
+from tau2_rl_pipeline.learning.losses import gather_logprobs, grpo_loss, low_var_kl, merge_metrics, sft_loss
 from tau2_rl_pipeline.local.trainer import (
     LocalTrainer,
     TrainConfig,

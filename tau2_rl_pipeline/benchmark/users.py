@@ -24,11 +24,7 @@ from tau2.environment.environment import Environment
 from tau2.user.user_simulator import UserSimulator
 
 from tau2_rl_pipeline.benchmark.tau2_version import STOP, BaseUser, UserState
-from tau2_rl_pipeline.benchmark.user_client import (
-    OPENAI_PREFIX,
-    AsyncUserSimulator,
-    chat_client,
-)
+from tau2_rl_pipeline.benchmark.user_client import OPENAI_PREFIX, AsyncUserSimulator, chat_client
 from tau2_rl_pipeline.benchmark.user_strategies import AsyncStrategyUser, StrategyUser
 from tau2_rl_pipeline.config import Tau2Config
 

@@ -35,17 +35,8 @@ from tau2.data_model.tasks import Action, Task
 from tau2.orchestrator.orchestrator import DEFAULT_FIRST_AGENT_MESSAGE
 from tau2.user.user_simulator import UserSimulator
 
-from tau2_rl_pipeline.benchmark.actions import (
-    TOOL_CALL_CLOSE,
-    TOOL_CALL_OPEN,
-    parse_completion,
-    render_assistant_text,
-)
-from tau2_rl_pipeline.benchmark.episode import (
-    AGENT_STOP_TOKEN,
-    Episode,
-    build_environment,
-)
+from tau2_rl_pipeline.benchmark.actions import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, parse_completion, render_assistant_text
+from tau2_rl_pipeline.benchmark.episode import AGENT_STOP_TOKEN, Episode, build_environment
 from tau2_rl_pipeline.benchmark.oracle import final_message, gold_actions
 from tau2_rl_pipeline.benchmark.prompting import (
     agent_system_prompt,
@@ -53,13 +44,7 @@ from tau2_rl_pipeline.benchmark.prompting import (
     to_agent_chat,
     tool_schemas,
 )
-from tau2_rl_pipeline.benchmark.tasks import (
-    DOMAINS,
-    TaskLookupError,
-    check_split,
-    load_tasks,
-    write_jsonl,
-)
+from tau2_rl_pipeline.benchmark.tasks import DOMAINS, TaskLookupError, check_split, load_tasks, write_jsonl
 from tau2_rl_pipeline.benchmark.users import ScriptedUser
 
 SEED_DATASET = "Jarrodbarnes/tau2-sft-seed-v3"
@@ -322,11 +307,7 @@ def dataset_files(dataset: str, pattern: str = SEED_FILE) -> list[Path]:
 
 def _hub_snapshot(repo_id: str, pattern: str) -> Path:
     from huggingface_hub import constants, snapshot_download
-    from huggingface_hub.errors import (
-        HfHubHTTPError,
-        LocalEntryNotFoundError,
-        RepositoryNotFoundError,
-    )
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, RepositoryNotFoundError
 
     try:
         return Path(snapshot_download(repo_id=repo_id, repo_type="dataset", allow_patterns=[pattern]))

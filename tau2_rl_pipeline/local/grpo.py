@@ -30,11 +30,7 @@ from tau2_rl_pipeline.files import atomic_write_bytes
 from tau2_rl_pipeline.learning.curriculum import STATE_FILE, CurriculumTracker
 from tau2_rl_pipeline.learning.judge_reward import JudgeClient, judge_trajectory
 from tau2_rl_pipeline.learning.reward import post_process, task_key
-from tau2_rl_pipeline.local.trainer import (
-    LocalTrainer,
-    TrainConfig,
-    examples_from_trajectory,
-)
+from tau2_rl_pipeline.local.trainer import LocalTrainer, TrainConfig, examples_from_trajectory
 from tau2_rl_pipeline.rollout.engines import SamplingParams, TransformersEngine
 from tau2_rl_pipeline.rollout.episode_loop import run_episode
 from tau2_rl_pipeline.selection.difficulty import FilterStats, filter_tasks, pass_rates

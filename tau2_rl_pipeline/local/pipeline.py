@@ -30,12 +30,7 @@ from pathlib import Path
 from rich.console import Console
 
 from tau2_rl_pipeline.benchmark import judge
-from tau2_rl_pipeline.benchmark.tasks import (
-    DOMAINS,
-    TaskLookupError,
-    check_split,
-    load_tasks,
-)
+from tau2_rl_pipeline.benchmark.tasks import DOMAINS, TaskLookupError, check_split, load_tasks
 from tau2_rl_pipeline.benchmark.tau2_version import (
     BenchmarkMismatch,
     RetrievalVariantError,
@@ -43,13 +38,7 @@ from tau2_rl_pipeline.benchmark.tau2_version import (
     check_retrieval_variant,
     needs_judge,
 )
-from tau2_rl_pipeline.config import (
-    ConfigError,
-    Tau2Config,
-    add_config_args,
-    command_parser,
-    config_from_args,
-)
+from tau2_rl_pipeline.config import ConfigError, Tau2Config, add_config_args, command_parser, config_from_args
 from tau2_rl_pipeline.files import atomic_write_bytes
 from tau2_rl_pipeline.learning.sft_data import oracle_demonstrations
 from tau2_rl_pipeline.local.demo_report import (
@@ -62,11 +51,7 @@ from tau2_rl_pipeline.local.demo_report import (
 )
 from tau2_rl_pipeline.local.grpo import GrpoSettings, difficulty_task_ids, grpo_stage
 from tau2_rl_pipeline.local.stage_book import SKIP, StageBook, StaleOutputError
-from tau2_rl_pipeline.local.trainer import (
-    LocalTrainer,
-    TrainConfig,
-    sft_example_from_chat,
-)
+from tau2_rl_pipeline.local.trainer import LocalTrainer, TrainConfig, sft_example_from_chat
 from tau2_rl_pipeline.selection.rft import select_rft
 
 DEMO_MAX_TURNS = 8  # unless --max-turns or TAU2_MAX_TURNS say otherwise: mock tasks take 2-3 policy turns
@@ -99,11 +84,7 @@ def prepare_model(args, out: Path) -> Path:
         return Path(args.model)
     from transformers import AutoTokenizer
 
-    from tau2_rl_pipeline.testing.tiny_model import (
-        build_tiny_qwen3,
-        domain_corpus,
-        train_small_tokenizer,
-    )
+    from tau2_rl_pipeline.testing.tiny_model import build_tiny_qwen3, domain_corpus, train_small_tokenizer
 
     if args.tokenizer:
         tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)

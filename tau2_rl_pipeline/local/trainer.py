@@ -33,13 +33,7 @@ from typing import Any
 
 import torch
 
-from tau2_rl_pipeline.learning.losses import (
-    gather_logprobs,
-    grpo_loss,
-    local_awsft_loss,
-    merge_metrics,
-    sft_loss,
-)
+from tau2_rl_pipeline.learning.losses import gather_logprobs, grpo_loss, local_awsft_loss, merge_metrics, sft_loss
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -101,9 +95,7 @@ def sft_example_from_chat(tokenizer: Any, chat: list[dict], tools: list[dict] | 
     assistant message with `"step_loss_mask": 0` (slime's per-message switch; sft_data marks the fixed greeting
     and rejected completions so) stays in the context and is not a target.
     """
-    from tau2_rl_pipeline.benchmark.prompting import (
-        render,  # imports tau2 and litellm (seconds): only this needs them
-    )
+    from tau2_rl_pipeline.benchmark.prompting import render  # imports tau2 and litellm (seconds): only this needs them
 
     end = tokenizer.eos_token
     if not end:
@@ -224,13 +216,7 @@ def _progress(description: str, total: int) -> Iterator[Callable[..., None]]:
     """A rich progress bar on a terminal; yields advance(status). Nests under a caller's own bar (rich >= 14).
     When stderr is not a terminal (a log file, CI) a bar shows nothing until it ends: one line per step instead."""
     from rich.console import Console
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-    )
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     if not Console(stderr=True).is_terminal:
         t0, done = time.perf_counter(), 0

@@ -173,11 +173,7 @@ def print_table(stats: dict[str, dict[str, int]], title: str) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from eval.episodes_file import (
-        EpisodesFileError,
-        check_graded_by_installed_tau2,
-        read_episodes,
-    )
+    from eval.episodes_file import EpisodesFileError, check_graded_by_installed_tau2, read_episodes
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False,
                                      epilog="Other options go to eval/eval_passk.py (e.g. --hf-checkpoint).")

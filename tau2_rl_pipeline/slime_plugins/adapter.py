@@ -23,10 +23,7 @@ from typing import Any
 
 from tau2_rl_pipeline.benchmark.episode import build_environment
 from tau2_rl_pipeline.benchmark.tasks import get_task, split_benchmark
-from tau2_rl_pipeline.benchmark.tau2_version import (
-    BenchmarkMismatch,
-    check_same_benchmark,
-)
+from tau2_rl_pipeline.benchmark.tau2_version import BenchmarkMismatch, check_same_benchmark
 from tau2_rl_pipeline.benchmark.users import make_user_factory
 from tau2_rl_pipeline.config import Tau2Config
 from tau2_rl_pipeline.learning.curriculum import CurriculumTracker, state_path
@@ -40,13 +37,7 @@ from tau2_rl_pipeline.learning.reward import (
 )
 from tau2_rl_pipeline.rollout.abort_storm import AbortStormGuard
 from tau2_rl_pipeline.rollout.engines import SamplingParams, SGLangEngine
-from tau2_rl_pipeline.rollout.episode_loop import (
-    ABORTED,
-    ROLLOUT_STOPPED,
-    TRUNCATED,
-    Trajectory,
-    run_episode,
-)
+from tau2_rl_pipeline.rollout.episode_loop import ABORTED, ROLLOUT_STOPPED, TRUNCATED, Trajectory, run_episode
 from tau2_rl_pipeline.rollout.gc_policy import settle
 from tau2_rl_pipeline.slime_plugins.partial_rollout import LiveEpisodes
 

@@ -12,15 +12,7 @@ import re
 import time
 
 import pytest
-from slime_harness import (
-    FILTER,
-    flat,
-    prompt_rows,
-    reset_slime,
-    rollout,
-    slime_args,
-    train_data,
-)
+from slime_harness import FILTER, flat, prompt_rows, reset_slime, rollout, slime_args, train_data
 
 from tau2_rl_pipeline.benchmark.actions import render_assistant_text
 from tau2_rl_pipeline.benchmark.tasks import load_tasks
