@@ -146,7 +146,7 @@ def test_the_retrieval_variant_setting_reaches_the_environment_and_the_evaluator
 def test_the_gym_env_builds_banking_with_its_variant_and_scores_with_tau2s_evaluator() -> None:
     from tau2_rl_pipeline.benchmark.gym_env import Tau2GymEnv
     from tau2_rl_pipeline.benchmark.users import ScriptedUser
-    from tau2_rl_pipeline.learning.sft_data import demo_turns
+    from tau2_rl_pipeline.learning.oracle_demos import demo_turns
 
     task = _task("task_004")
     env = Tau2GymEnv(DOMAIN, [task], lambda t, environment: ScriptedUser(t), retrieval_variant="grep_only")
@@ -198,7 +198,7 @@ def test_an_evaluation_on_banking_is_read_by_tau2_and_its_submission_passes_tau2
     from tau2.scripts.leaderboard.submission import Submission
 
     from eval.eval_passk import main
-    from tau2_rl_pipeline.learning.sft_data import demo_turns
+    from tau2_rl_pipeline.learning.oracle_demos import demo_turns
     from tau2_rl_pipeline.testing.loopback_server import LoopbackServer
 
     ids = ["task_001", "task_004"]  # a user-side write (the scripted user performs it), an ACTION-basis task

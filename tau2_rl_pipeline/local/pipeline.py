@@ -40,7 +40,7 @@ from tau2_rl_pipeline.benchmark.tau2_version import (
 )
 from tau2_rl_pipeline.config import ConfigError, Tau2Config, add_config_args, command_parser, config_from_args
 from tau2_rl_pipeline.files import atomic_write_bytes
-from tau2_rl_pipeline.learning.sft_data import oracle_demonstrations
+from tau2_rl_pipeline.learning.oracle_demos import oracle_demonstrations
 from tau2_rl_pipeline.local.demo_report import (
     ALGORITHMS,
     grpo_summary,
