@@ -75,10 +75,14 @@ def _tokenizer(path: str):
 
 
 @functools.lru_cache(maxsize=None)
-def _engine(ip: str, port: int, concurrency: int, max_retries: int, timeout_s: float) -> SGLangEngine:
-    # The first episode of the run: what slime, torch and tau2 have loaded by now lives as long as the process
-    # (tau2_rl_pipeline/rollout/gc_policy.py: why, and the numbers).
+def _settle_gc() -> None:
+    """TAU2_SLIME_GC_POLICY=1: at the first episode, what slime, torch and tau2 have loaded lives as long as the
+    process (rollout/gc_policy.py: why, the numbers, and the cost). Off by default: the actor is slime's."""
     settle()
+
+
+@functools.lru_cache(maxsize=None)
+def _engine(ip: str, port: int, concurrency: int, max_retries: int, timeout_s: float) -> SGLangEngine:
     return SGLangEngine.from_router(ip, port, max_in_flight=concurrency, max_retries=max_retries,
                                     timeout_s=timeout_s)
 
@@ -243,6 +247,8 @@ async def generate(args, sample, sampling_params: dict[str, Any], evaluation: bo
         raise guard.tripped
     task = get_task(domain, task_id, meta["split"])
     tokenizer = _tokenizer(args.hf_checkpoint)
+    if cfg.slime_gc_policy:
+        _settle_gc()
     engine = _engine(args.sglang_router_ip, int(args.sglang_router_port), in_flight_cap(args),
                      cfg.engine_max_retries, cfg.engine_timeout_s)
     state = slime.GenerateState(args)
