@@ -50,8 +50,14 @@ GRPO_SAVE_INTERVAL="${GRPO_SAVE_INTERVAL:-20}"
 GRPO_MAX_TOKENS_PER_GPU="${GRPO_MAX_TOKENS_PER_GPU:-12288}"
 GRPO_SGLANG_MEM_FRACTION="${GRPO_SGLANG_MEM_FRACTION:-0.7}"
 # grpo: slime's PPO-clip policy loss; awsft: advantage-weighted SFT (tau2_rl_pipeline/slime_plugins/awsft.py, a slime
-# custom loss) on the same episodes, advantages and KL reference.
+# custom loss) on the same episodes and KL reference, each episode weighted by the recipe's w (learning/awsft.py: its
+# reward over the task's reference pass rate, which the difficulty stage writes into GRPO_PROMPT_DATA's rows,
+# normalised over the rollout batch; the reward post-process computes it when slime's args name this loss).
 GRPO_ALGORITHM="${GRPO_ALGORITHM:-grpo}"
+# How both losses average over a step (a Tau2Config field, the same on the local path): sample_mean = slime's default,
+# each episode's token mean averaged over the step's episodes (AWSFT's per-example mean); token_mean = slime's
+# --calculate-per-token-loss, every trained token weighs the same.
+TAU2_LOSS_REDUCTION="${TAU2_LOSS_REDUCTION:-sample_mean}"
 # true: drop groups whose samples all got the same reward (no GRPO signal) and sample more (a Tau2Config field).
 FILTER_ZERO_STD="$(bool_setting TAU2_FILTER_ZERO_STD "${TAU2_FILTER_ZERO_STD:-0}")"
 GRPO_ASYNC="$(bool_setting GRPO_ASYNC "${GRPO_ASYNC:-0}")"
@@ -71,6 +77,7 @@ for name in GRPO_EPS_CLIP GRPO_EPS_CLIP_HIGH GRPO_KL_LOSS_COEF GRPO_ENTROPY_COEF
 done
 require_choice GRPO_KL_LOSS_TYPE "${GRPO_KL_LOSS_TYPE}" k1 k2 k3 low_var_kl
 require_choice GRPO_ALGORITHM "${GRPO_ALGORITHM}" grpo awsft
+require_choice TAU2_LOSS_REDUCTION "${TAU2_LOSS_REDUCTION}" sample_mean token_mean
 SAMPLES=$((GRPO_ROLLOUT_BATCH_SIZE * GRPO_N_SAMPLES))
 ((SAMPLES % GRPO_GLOBAL_BATCH_SIZE == 0)) ||
   die "GRPO_GLOBAL_BATCH_SIZE=${GRPO_GLOBAL_BATCH_SIZE} must divide the ${SAMPLES} samples of a rollout"
@@ -91,6 +98,9 @@ DP=$((ACTOR_GPUS / TRAIN_TP))
 ((GRPO_GLOBAL_BATCH_SIZE % DP == 0)) ||
   die "GRPO_GLOBAL_BATCH_SIZE=${GRPO_GLOBAL_BATCH_SIZE} is not a multiple of the data-parallel size ${DP}"
 require_file "${GRPO_PROMPT_DATA}" "GRPO task index (python -m tau2_rl_pipeline.benchmark.tasks)"
+if [[ "${GRPO_ALGORITHM}" == awsft ]] && ! grep -q '"reference_pass_rate"' "${GRPO_PROMPT_DATA}"; then
+  note "GRPO_ALGORITHM=awsft: no task in ${GRPO_PROMPT_DATA} has a reference_pass_rate (the difficulty stage writes it): each weight follows the batch z-score of the rewards"
+fi
 require_dir "${GRPO_INIT_DIR}" "initial torch_dist checkpoint (scripts/train_rft.sh)"
 require_file "${BASE_HF_DIR}/config.json" "base model (scripts/download.sh)"
 require_dir "${SLIME_DIR}" "slime (SLIME_DIR)"
@@ -156,6 +166,9 @@ CUSTOM_ARGS=(
   --custom-generate-function-path tau2_rl_pipeline.slime_plugins.adapter.generate
   --custom-reward-post-process-path tau2_rl_pipeline.slime_plugins.adapter.reward_post_process
 )
+if [[ "${TAU2_LOSS_REDUCTION}" == token_mean ]]; then
+  GRPO_ARGS+=(--calculate-per-token-loss)
+fi
 if [[ "${GRPO_ALGORITHM}" == awsft ]]; then
   CUSTOM_ARGS+=(--loss-type custom_loss --custom-loss-function-path tau2_rl_pipeline.slime_plugins.awsft.awsft_loss_function)
 fi

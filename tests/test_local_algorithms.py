@@ -45,9 +45,10 @@ def test_grpo_tasks_come_from_the_rft_pass_rates(tmp_path, monkeypatch):
     episodes = tmp_path / "eval" / "rft_samples.json.episodes.jsonl"
     assert difficulty_task_ids("mock", "base", episodes, cfg)[1].kept == 9  # no RFT episodes: all kept
     _episodes(tmp_path, {"create_task_1": "ssss", "update_task_1": "sf"})
-    ids, stats = difficulty_task_ids("mock", "base", episodes, cfg)
+    ids, stats, baselines = difficulty_task_ids("mock", "base", episodes, cfg)
     assert "create_task_1" not in ids and "update_task_1" in ids and len(ids) == 8
     assert stats.dropped_above_max == 1 and stats.unsampled == 7
+    assert baselines == {"update_task_1": 0.5}  # AWSFT's V* of each kept task the RFT stage sampled
     _episodes(tmp_path, {tid: "ff" for tid in [*ids, "create_task_1"]})  # every task sampled, never solved
     monkeypatch.setenv("TAU2_GRPO_MIN_PASS_RATE", "0.5")
     with pytest.raises(SystemExit, match="no task left"):

@@ -236,6 +236,13 @@ def test_awsft_is_a_custom_loss_selected_by_the_grpo_script(dry_dir: Path) -> No
     assert "--loss-type" not in grpo_flags(dry_dir)  # default: slime's policy loss
 
 
+def test_the_loss_reduction_maps_to_slimes_per_token_flag(dry_dir: Path) -> None:
+    assert "--calculate-per-token-loss" not in grpo_flags(dry_dir)  # slime's per-sample mean, as locally
+    for algorithm in ("grpo", "awsft"):
+        assert "--calculate-per-token-loss" in grpo_flags(dry_dir, TAU2_LOSS_REDUCTION="token_mean",
+                                                          GRPO_ALGORITHM=algorithm)
+
+
 def test_grpo_plug_ins_name_functions_of_this_package(dry_dir: Path) -> None:
     """slime imports each plug-in path by name inside the Ray job; a renamed function fails only there."""
     got = grpo_flags(dry_dir, TAU2_FILTER_ZERO_STD="1", GRPO_ALGORITHM="awsft")
@@ -471,6 +478,7 @@ def test_user_sim_serves_where_the_rollout_looks(dry_dir: Path) -> None:
     ("train_grpo.sh", {"GRPO_N_SAMPLES": "0"}, "GRPO_N_SAMPLES=0 must be a positive integer"),
     ("train_grpo.sh", {"GRPO_KL_LOSS_TYPE": "kl"}, "GRPO_KL_LOSS_TYPE=kl is not one of"),
     ("train_grpo.sh", {"GRPO_ALGORITHM": "ppo"}, "GRPO_ALGORITHM=ppo is not one of: grpo awsft"),
+    ("train_grpo.sh", {"TAU2_LOSS_REDUCTION": "sum"}, "TAU2_LOSS_REDUCTION=sum is not one of: sample_mean token_mean"),
     ("train_grpo.sh", {"GRPO_GLOBAL_BATCH_SIZE": "48"}, "must divide the 64 samples"),
     ("train_grpo.sh", {"TAU2_GPU_LAYOUT": "3"}, "TAU2_GPU_LAYOUT=3 is not one of: 8, 4, 2"),
     ("train_grpo.sh", {"TAU2_FILTER_ZERO_STD": "maybe"}, "TAU2_FILTER_ZERO_STD=maybe must be true or false"),

@@ -58,9 +58,10 @@ DEMO_MAX_TURNS = 8  # unless --max-turns or TAU2_MAX_TURNS say otherwise: mock t
 DEMO_TASK_SAMPLER = "learning_value"  # unless --task-sampler or TAU2_TASK_SAMPLER say otherwise (see main)
 # Config fields that change how fast episodes run, or the LLM user the scripted user replaces, never an outcome.
 NOT_OUTCOME = {"episode_workers", "fast_env", "user_model", "user_api_base", "user_temperature", "user_max_retries",
-               "user_timeout_s", "user_strategy", "user_strategy_max_checks", "curriculum_state_path"}
+               "user_timeout_s", "user_strategy", "user_strategy_max_checks", "curriculum_state_path",
+               "slime_gc_policy"}
 # Config fields only the policy stage reads (its task band, the judge reward): they redo it, not RFT or evaluations.
-POLICY_ONLY = {"grpo_min_pass_rate", "grpo_max_pass_rate", "use_judge", "judge_weight"}
+POLICY_ONLY = {"grpo_min_pass_rate", "grpo_max_pass_rate", "use_judge", "judge_weight", "loss_reduction"}
 console = Console(stderr=True)
 
 
@@ -307,14 +308,14 @@ def run_stages(args, cfg: Tau2Config, split: str, eval_split: str, benchmark: di
     def policy_work(algorithm: str) -> dict:
         console.rule(algorithm.upper())
         rft_episodes = eval_output(out, "rft_samples").with_suffix(".json.episodes.jsonl")
-        task_ids, band = difficulty_task_ids(args.domain, split, rft_episodes, cfg)
+        task_ids, band, baselines = difficulty_task_ids(args.domain, split, rft_episodes, cfg)
         say(f"{algorithm}: {band.line()}")
         history = grpo_stage(GrpoSettings(
             domain=args.domain, split=split, steps=args.grpo_steps, tasks_per_step=args.grpo_tasks_per_step,
             n=args.grpo_n, lr=args.grpo_lr, temperature=args.grpo_temperature, max_new_tokens=args.max_new_tokens,
             kl_coef=args.kl_coef, entropy_coef=args.entropy_coef, micro_batch_size=args.micro_batch_size,
             seed=args.seed, device=args.device, wandb_project=args.wandb_project, algorithm=algorithm,
-            task_ids=tuple(task_ids)),
+            task_ids=tuple(task_ids), baselines=tuple(sorted(baselines.items()))),
             checkpoints["rft"], checkpoints[algorithm], out / algorithm, cfg, out / "metrics.jsonl", say)
         return {**grpo_summary(history), "grpo_tasks": asdict(band)}
 

@@ -39,6 +39,7 @@ from tau2_rl_pipeline.rollout.abort_storm import AbortStormGuard
 from tau2_rl_pipeline.rollout.engines import SamplingParams, SGLangEngine
 from tau2_rl_pipeline.rollout.episode_loop import ABORTED, ROLLOUT_STOPPED, TRUNCATED, Trajectory, run_episode
 from tau2_rl_pipeline.rollout.gc_policy import settle
+from tau2_rl_pipeline.slime_plugins.awsft import is_awsft
 from tau2_rl_pipeline.slime_plugins.partial_rollout import LiveEpisodes
 
 logger = logging.getLogger(__name__)
@@ -317,12 +318,14 @@ def _tracker(args, cfg: Tau2Config) -> tuple[CurriculumTracker, Any]:
 
 
 def reward_post_process(args, samples) -> tuple[list[float], list[float]]:
-    """slime's custom reward post-process: (raw task rewards, group-normalized curriculum-weighted advantages)."""
+    """slime's custom reward post-process: (raw task rewards, group-normalized curriculum-weighted advantages), or,
+    when slime trains with our AWSFT loss, each sample's AWSFT weight in place of the advantage (learning/awsft.py)."""
     cfg = _config()
     cfg = replace(cfg, grpo_std_normalization=cfg.grpo_std_normalization
                   and getattr(args, "grpo_std_normalization", True))
     tracker, path = _tracker(args, cfg)
-    raw, advantages = post_process(samples, int(args.n_samples_per_prompt), cfg, tracker)
+    raw, advantages = post_process(samples, int(args.n_samples_per_prompt), cfg, tracker,
+                                   "awsft" if is_awsft(args) else "grpo")
     if path is not None:
         tracker.save(path)
     return raw, advantages
