@@ -20,11 +20,7 @@ import torch
 from contract_tier import MEGATRON_DIR, SGLANG_DOUBLE, SLIME_DIR
 
 from tau2_rl_pipeline.learning import awsft
-from tau2_rl_pipeline.learning.losses import (
-    gather_logprobs,
-    grpo_loss,
-    local_awsft_loss,
-)
+from tau2_rl_pipeline.learning.losses import gather_logprobs, grpo_loss, local_awsft_loss
 
 ROOT = Path(__file__).resolve().parents[2]
 AWSFT_PATH = "tau2_rl_pipeline.slime_plugins.awsft.awsft_loss_function"
