@@ -26,7 +26,8 @@ Aggregation (`reducer`), one choice on both paths (TAU2_LOSS_REDUCTION), the sam
 - `token_mean` (slime's `--calculate-per-token-loss`): the masked sum divided by the step's mask-1 token count
   (slime: Megatron divides by the summed `num_tokens`), so a long episode counts for more than a short one.
 Pass the step's totals (`num_tokens`, `num_samples`) to every micro-batch and the micro-batch losses (and
-metrics) sum to the step's value. SFT is `token_mean` on both paths (slime's SFT runs with the per-token flag).
+metrics) sum to the step's value. One difference: slime keeps a removed sample (aborted, filtered) in its batch at
+mask 0, where it still counts as a sample (and as one token), while the local trainer leaves it out. SFT is `token_mean` on both paths (slime's SFT runs with the per-token flag).
 
 Tensors are [batch, seq] and aligned to the input ids: position i holds the value for predicting token i, and
 position 0 (nothing to predict it from) is always 0 with mask 0.
