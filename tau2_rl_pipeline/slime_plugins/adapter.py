@@ -119,9 +119,12 @@ def _live_episodes(capacity: int) -> LiveEpisodes:
 
 def live_episodes(args) -> LiveEpisodes:
     """The process's cut episodes (partial rollout), room for twice what one rollout can cut: every sample in
-    flight, in slime's synchronous rollout (batch plus an over-sampling round) or its asynchronous one (the cap)."""
-    groups = int(args.rollout_batch_size) + int(getattr(args, "over_sampling_batch_size", None) or 0)
-    return _live_episodes(2 * max(groups * int(args.n_samples_per_prompt), in_flight_cap(args)))
+    flight, in slime's synchronous rollout (batch plus an over-sampling round) or its fully asynchronous one, whose
+    worker keeps up to the in-flight cap of *groups* going (slime/rollout/fully_async_rollout.py; a cap of samples
+    here let a weight update cut more episodes than were kept, and those started again: bench/README.md P6)."""
+    groups = max(int(args.rollout_batch_size) + int(getattr(args, "over_sampling_batch_size", None) or 0),
+                 in_flight_cap(args))
+    return _live_episodes(2 * groups * int(args.n_samples_per_prompt))
 
 
 def resumes_episodes(args, cfg: Tau2Config, evaluation: bool) -> bool:

@@ -285,3 +285,11 @@ def test_an_episode_crossing_a_weight_update_between_turns_trains_only_the_new_w
 def _policy(sample) -> list[int]:
     response = sample.tokens[len(sample.tokens) - sample.response_length:]
     return [t for t, m in zip(response, sample.loss_mask) if m]
+
+
+def test_cut_episodes_are_kept_for_every_sample_slimes_async_worker_has_in_flight(slime_env, loopback, tiny_small_dir,
+                                                                               tmp_path):
+    """slime's fully async worker keeps up to --sglang-server-concurrency x engines *groups* going: a weight update
+    can cut every sample of them (it was a cap of samples: past it, cut episodes were dropped and started again)."""
+    args = _async_args(tiny_small_dir, loopback, tmp_path, extra=("--sglang-server-concurrency", "8", *PARTIAL))
+    assert live_episodes(args).capacity == 2 * 8 * 2  # was 16
