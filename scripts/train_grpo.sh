@@ -13,16 +13,23 @@
 #                                rollout (a pool of episodes in flight across rollout boundaries; it calls our
 #                                custom generate through slime's generate_and_rm_group), stopped by an abort storm
 #                                (slime's worker alone would drop failing groups and wait for ever)
-#   GRPO_PARTIAL_ROLLOUT=1       --partial-rollout --mask-offpolicy-in-partial-rollout: episodes cut by slime's
-#                                abort at a weight update go back to slime's buffer instead of being lost, and no
-#                                token sampled by older weights is trained (slime masks a returned sample's old
-#                                response; our generate goes on with the episode where it was cut, its earlier
-#                                turns kept and masked: TAU2_PARTIAL_RESUME)
-#   GRPO_MASK_OFFPOLICY=1        with partial rollout, --mask-offpolicy-in-partial-rollout; 0 trains a resumed
-#                                episode's earlier turns too (slime masks every returned sample's old response,
-#                                which in P6 was 827 of 1346 trained turns), left to TIS to correct
+# In both modes (tests/contract/test_partial_rollout.py and test_slime_rollout.py run slime's own rollout code):
+#   GRPO_PARTIAL_ROLLOUT=1       --partial-rollout: an episode cut by the rollout (slime's end-of-rollout abort in
+#                                train.py; in train_async.py a weight update, whose /pause_generation aborts the
+#                                requests in flight) goes back to slime's buffer and, handed back, goes on where it
+#                                was cut (TAU2_PARTIAL_RESUME=1; 0 starts it again)
+#   GRPO_MASK_OFFPOLICY=1        --mask-offpolicy-in-partial-rollout: no token sampled by weights older than its
+#                                episode's last turn is trained (our generate masks each turn by the weight version
+#                                SGLang reported for it: a resumed episode's earlier turns, and in the async mode an
+#                                episode that met a weight update between two turns). 0 trains them, and is refused
+#                                unless TIS corrects them: slime's PPO ratio uses the log-probs the actor recomputes,
+#                                so without TIS they are trained as if on-policy
 #   GRPO_USE_TIS=1               --use-tis: truncated importance sampling with the rollout log-probs our generate
-#                                keeps, correcting for samples drawn by a policy one step behind
+#                                keeps. GRPO_ALGORITHM=awsft never uses TIS (slime's custom loss has no importance
+#                                ratio), so there GRPO_MASK_OFFPOLICY must stay 1
+#   always                       slime_plugins/batch.py: a group whose samples all aborted never takes a batch slot
+#                                (dynamic filter, reason all_aborted; the async worker requeues such groups itself),
+#                                and aborted samples are left out of the logged raw_reward, counted apart
 # Starts from GRPO_INIT_DIR's weights at rollout 0 without its optimizer state, with the same checkpoint as the KL
 # reference; resumes if GRPO_CKPT_DIR already holds a checkpoint. Every default below is overridable.
 set -euo pipefail
@@ -78,6 +85,12 @@ done
 require_choice GRPO_KL_LOSS_TYPE "${GRPO_KL_LOSS_TYPE}" k1 k2 k3 low_var_kl
 require_choice GRPO_ALGORITHM "${GRPO_ALGORITHM}" grpo awsft
 require_choice TAU2_LOSS_REDUCTION "${TAU2_LOSS_REDUCTION}" sample_mean token_mean
+if [[ "${GRPO_MASK_OFFPOLICY}" == 0 ]]; then
+  [[ "${GRPO_ALGORITHM}" == grpo ]] ||
+    die "GRPO_MASK_OFFPOLICY=0 would train turns sampled by older weights with nothing to correct them: GRPO_ALGORITHM=awsft never applies TIS; keep GRPO_MASK_OFFPOLICY=1"
+  [[ "${GRPO_USE_TIS}" == 1 ]] ||
+    die "GRPO_MASK_OFFPOLICY=0 with GRPO_USE_TIS=0 would train turns sampled by older weights as if on-policy (slime's PPO ratio ignores the rollout log-probs): set GRPO_USE_TIS=1 or GRPO_MASK_OFFPOLICY=1"
+fi
 SAMPLES=$((GRPO_ROLLOUT_BATCH_SIZE * GRPO_N_SAMPLES))
 ((SAMPLES % GRPO_GLOBAL_BATCH_SIZE == 0)) ||
   die "GRPO_GLOBAL_BATCH_SIZE=${GRPO_GLOBAL_BATCH_SIZE} must divide the ${SAMPLES} samples of a rollout"
@@ -172,8 +185,15 @@ fi
 if [[ "${GRPO_ALGORITHM}" == awsft ]]; then
   CUSTOM_ARGS+=(--loss-type custom_loss --custom-loss-function-path tau2_rl_pipeline.slime_plugins.awsft.awsft_loss_function)
 fi
-if [[ "${FILTER_ZERO_STD}" == 1 ]]; then
-  CUSTOM_ARGS+=(--dynamic-sampling-filter-path tau2_rl_pipeline.slime_plugins.adapter.filter_zero_std_groups)
+CUSTOM_ARGS+=(--custom-rollout-log-function-path tau2_rl_pipeline.slime_plugins.batch.log_rollout)
+if [[ "${GRPO_PARTIAL_ROLLOUT}" == 1 ]]; then
+  CUSTOM_ARGS+=(--partial-rollout)
+fi
+if [[ "${GRPO_MASK_OFFPOLICY}" == 1 ]]; then
+  CUSTOM_ARGS+=(--mask-offpolicy-in-partial-rollout)
+fi
+if [[ "${GRPO_USE_TIS}" == 1 && "${GRPO_ALGORITHM}" == grpo ]]; then
+  CUSTOM_ARGS+=(--use-tis)
 fi
 
 # Synchronous: train.py, rollout engines colocated with training. Asynchronous: train_async.py on split GPUs.
@@ -181,18 +201,10 @@ if [[ "${GRPO_ASYNC}" == 1 ]]; then
   ENTRY=train_async.py
   PLACEMENT_ARGS=(--actor-num-nodes 1 --actor-num-gpus-per-node "${ACTOR_GPUS}"
     --rollout-num-gpus "${GRPO_ASYNC_ROLLOUT_GPUS}" --rollout-function-path "${GRPO_ASYNC_ROLLOUT_FUNCTION}")
-  if [[ "${GRPO_PARTIAL_ROLLOUT}" == 1 ]]; then
-    PLACEMENT_ARGS+=(--partial-rollout)
-    if [[ "${GRPO_MASK_OFFPOLICY}" == 1 ]]; then
-      PLACEMENT_ARGS+=(--mask-offpolicy-in-partial-rollout)
-    fi
-  fi
-  if [[ "${GRPO_USE_TIS}" == 1 ]]; then
-    PLACEMENT_ARGS+=(--use-tis)
-  fi
 else
   ENTRY=train.py
-  PLACEMENT_ARGS=(--actor-num-nodes 1 --actor-num-gpus-per-node "${NUM_POLICY_GPUS}" --colocate)
+  PLACEMENT_ARGS=(--actor-num-nodes 1 --actor-num-gpus-per-node "${NUM_POLICY_GPUS}" --colocate
+    --dynamic-sampling-filter-path tau2_rl_pipeline.slime_plugins.batch.filter_groups)
 fi
 
 mapfile -t PERF_ARGS < <(perf_flags "${GRPO_MAX_TOKENS_PER_GPU}")

@@ -124,8 +124,9 @@ class Tau2Config:
         "slime runs: consecutive abort-storm rollouts tolerated; one more stops the run with the first error "
         "recorded (instead of training on empty masks)", min_value=0))
     partial_resume: bool = field(default=True, metadata=_meta(
-        "slime runs with --partial-rollout: an episode cut by slime's end-of-rollout abort goes on where it was cut "
-        "when slime hands its sample back (tau2 state, tokens and log-probs kept); off = it starts again"))
+        "slime runs with --partial-rollout: an episode cut by the rollout (slime's end-of-rollout abort, or a weight "
+        "update's pause in the fully async rollout) goes on where it was cut when slime hands its sample back (tau2 "
+        "state, tokens and log-probs kept); off = it starts again"))
     slime_gc_policy: bool = field(default=False, metadata=_meta(
         "slime runs: apply the rollout GC policy (rollout/gc_policy.py: freeze what is loaded, rarer full passes) "
         "in slime's rollout actor at its first episode, for the rest of that process; off = slime's collector is "
@@ -173,7 +174,8 @@ class Tau2Config:
         "same (slime's --calculate-per-token-loss, which scripts/train_grpo.sh then passes); SFT is token_mean",
         choices=("sample_mean", "token_mean")))
     filter_zero_std: bool = field(default=False, metadata=_meta(
-        "drop (remove_sample) groups whose valid rewards are all equal: they carry no GRPO signal"))
+        "drop (remove_sample; slime's dynamic filter, reason zero_std) groups whose valid rewards are all equal: "
+        "they carry no GRPO signal. Groups with no valid sample are dropped whatever this says (all_aborted)"))
     filter_keep_when_insufficient: bool = field(default=False, metadata=_meta(
         "slime's dynamic filter: keep a group without signal when dropping it would leave too few to fill the "
         "rollout batch (no extra over-sampling round)"))

@@ -65,13 +65,18 @@ class SamplingParams:
 class GenerateResult:
     """Sampled ids (a stop token stays included), the log-prob of each, and why sampling ended; what the server
     said of the request (`meta`: prompt_tokens, cached_tokens, weight_version) and, when asked for, the top-p
-    nucleus of each sampled token."""
+    nucleus of each sampled token.
+
+    An `abort` comes two ways: the server was told to stop (SGLang's `/abort_request`, or `/pause_generation` when
+    the trainer updates the weights; no error status), or it gave the request up with an error (SGLang's abort
+    carries a `status_code` then): `abort_error` holds that error's message, None for a stop."""
 
     output_ids: list[int]
     output_logprobs: list[float]
     finish_reason: str  # "stop" | "length" | "abort"
     meta: dict[str, Any] = field(default_factory=dict)
     top_p: TopPSpans | None = None
+    abort_error: str | None = None
 
 
 class EngineError(RuntimeError):
@@ -162,7 +167,11 @@ def parse_generate_response(body: Any) -> GenerateResult:
         ids.append(entry[1])
     top_p = _top_p_spans(meta, len(ids))
     kept = {k: meta[k] for k in META_KEPT if k in meta}
-    return GenerateResult(output_ids=ids, output_logprobs=logprobs, finish_reason=kind, meta=kept, top_p=top_p)
+    abort_error = None
+    if kind == "abort" and finish.get("status_code") is not None:
+        abort_error = f"HTTP {finish['status_code']}: {finish.get('message') or 'aborted'}"
+    return GenerateResult(output_ids=ids, output_logprobs=logprobs, finish_reason=kind, meta=kept, top_p=top_p,
+                          abort_error=abort_error)
 
 
 META_KEPT = ("prompt_tokens", "cached_tokens", "weight_version")  # what slime reads of meta_info, top-p aside

@@ -130,7 +130,10 @@ def test_grpo_parses_as_meant(parsed: dict[str, list[dict]], layout: str) -> Non
     assert args["rollout_function_path"] == "slime.rollout.sglang_rollout.generate_rollout"
     assert args["custom_generate_function_path"] == "tau2_rl_pipeline.slime_plugins.adapter.generate"
     assert args["loss_mask_type"] == "qwen3" and args["sglang_mem_fraction_static"] == 0.7
-    assert args["use_tis"] is False and args["partial_rollout"] is False
+    # partial rollout, the old-weight mask and TIS in the synchronous mode too; aborted groups filtered, always
+    assert args["use_tis"] is args["partial_rollout"] is args["mask_offpolicy_in_partial_rollout"] is True
+    assert args["dynamic_sampling_filter_path"] == "tau2_rl_pipeline.slime_plugins.batch.filter_groups"
+    assert args["custom_rollout_log_function_path"] == "tau2_rl_pipeline.slime_plugins.batch.log_rollout"
 
 
 @pytest.mark.parametrize("layout", ["8", "4"])
@@ -150,7 +153,8 @@ def test_async_grpo_parses_as_meant(parsed: dict[str, list[dict]], layout: str) 
 
 def test_async_grpo_options_switch_off(parsed: dict[str, list[dict]]) -> None:
     args = only(parsed, "train_grpo.sh-async-no-options")
-    assert args["partial_rollout"] is args["mask_offpolicy_in_partial_rollout"] is args["use_tis"] is False
+    assert args["partial_rollout"] is args["use_tis"] is False
+    assert args["mask_offpolicy_in_partial_rollout"] is True  # old-weight turns stay out without TIS
     assert args["rollout_function_path"] == "tau2_rl_pipeline.slime_plugins.adapter.generate_rollout_fully_async"
 
 
@@ -163,7 +167,7 @@ def test_the_loss_reduction_parses_as_slimes_flag(parsed: dict[str, list[dict]])
 
 def test_grpo_options_parse(parsed: dict[str, list[dict]]) -> None:
     args = only(parsed, "train_grpo.sh-all-options")
-    assert args["dynamic_sampling_filter_path"] == "tau2_rl_pipeline.slime_plugins.adapter.filter_zero_std_groups"
+    assert args["dynamic_sampling_filter_path"] == "tau2_rl_pipeline.slime_plugins.batch.filter_groups"
     assert args["use_wandb"] is True and args["wandb_group"] == "grpo-qwen3-4b"
     assert args["optimizer_cpu_offload"] is True and args["use_precision_aware_optimizer"] is True
 
