@@ -203,3 +203,28 @@ def test_cli_errors_are_one_line(case: str, tmp_path: Path, capsys) -> None:
     assert err.startswith("error: ") and "\n" not in err and "Traceback" not in err
     assert {"other_user": "differ in user", "not_a_summary": "not an evaluator summary",
             "no_episodes": "episodes file", "names": "--names"}[case] in err
+
+
+# ---------------------------------------------------------------------------------------------------
+# The demo's report
+
+def test_demo_report_compares_each_stage_with_the_one_it_starts_from(tmp_path: Path) -> None:
+    from tau2_rl_pipeline.local.demo_report import stage_comparisons, stage_verdicts
+
+    tasks = [f"t{i}" for i in range(9)]
+    outcomes = {"base": [0] * 9, "sft": [1] * 6 + [0] * 3, "rft": [1] * 7 + [0] * 2, "grpo": [1] * 6 + [0] * 3}
+    for stage, wins in outcomes.items():
+        write_run(tmp_path / f"{stage}.json", {**SETTINGS, "model": stage},
+                  records({t: [w, w] for t, w in zip(tasks, wins)}))
+    hot = {**SETTINGS, "sampling": {**SETTINGS["sampling"], "temperature": 1.0}}
+    write_run(tmp_path / "awsft.json", hot, records({t: [1, 1] for t in tasks}))
+    report = {"comparisons": stage_comparisons(tmp_path, ["base", "sft", "rft", "grpo", "awsft"])}
+    assert list(report["comparisons"]) == ["sft vs base", "rft vs sft", "grpo vs rft", "awsft vs rft"]
+    sft = report["comparisons"]["sft vs base"]["scopes"]["mock"]
+    assert sft["metrics"]["pass@1"]["diff"] == pytest.approx(6 / 9) and sft["better_in_b"] == tasks[:6]
+    lines = stage_verdicts(report)
+    assert lines[0].startswith("SFT vs BASE (mock, 9 paired tasks)") and "significant: SFT is better" in lines[0]
+    assert "p=0.031" in lines[0]  # 2/2^6: six tasks gained, three unchanged
+    assert lines[1].startswith("RFT vs SFT") and "NOT significant" in lines[1]  # one task gained: p = 1
+    assert lines[2].startswith("GRPO vs RFT") and "NOT significant" in lines[2] and "0 tasks better, 1 worse" in lines[2]
+    assert lines[3].startswith("AWSFT vs RFT: no paired comparison (the runs differ in sampling.temperature")
