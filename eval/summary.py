@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 from typing import Any
 
@@ -16,8 +16,24 @@ from eval.episodes_file import EpisodesFile, Key, atomic_write_text, pick_record
 from eval.plan import Plan
 from eval.submission import submit
 from tau2_rl_pipeline.benchmark import judge
+from tau2_rl_pipeline.benchmark.monitors import batch_monitors
+from tau2_rl_pipeline.metrics import is_success
 
 BOOTSTRAP_SEED = 0  # fixed, so the same episodes always give the same CIs (a resumed run included)
+
+
+def behaviour(records: Sequence[dict]) -> dict[str, Any]:
+    """The behaviour monitors' rates (benchmark/monitors.py batch_monitors) per domain, and over every domain when
+    there are several, over the scored episodes that carry monitors (a resumed file's older lines may not)."""
+    scored = [r for r in records if r["status"] != "aborted" and r.get("monitors")]
+    by_domain: dict[str, list[dict]] = defaultdict(list)
+    for r in scored:
+        by_domain[r["domain"]].append(r)
+    rates = lambda rs: batch_monitors([r["monitors"] for r in rs], [is_success(r["reward"]) for r in rs])  # noqa: E731
+    out = {d: rates(rs) for d, rs in sorted(by_domain.items())}
+    if len(by_domain) > 1:
+        out["overall"] = rates(scored)
+    return out
 
 
 def build_summary(metrics: dict[str, Any], settings: dict[str, Any], records: Sequence[dict],
@@ -39,6 +55,7 @@ def build_summary(metrics: dict[str, Any], settings: dict[str, Any], records: Se
                      "aborted": aborted, "outside_plan_not_counted": outside_plan},
         "metrics": metrics,
         "runs": runs,
+        "behaviour": behaviour(records),
         "outputs": {"chart": str(paths["chart"]), "tau2_results": {d: str(p) for d, p in paths["tau2"].items()}},
         "wall_s": wall_s,
     }
@@ -64,13 +81,15 @@ def remove_stale(paths: dict[str, Any]) -> None:
 
 
 def print_report(console: Any, summary: dict[str, Any]) -> None:
-    from eval.report import failures_table, metrics_table
+    from eval.report import behaviour_table, failures_table, metrics_table
 
     s = summary["settings"]
     title = (f"Pass@k: {s['model']} on {', '.join(s['domains'])} ({s['task_split']}), user {s['user']}, "
              f"tau2 {s['benchmark']['tau2_version']}")
     console.print(metrics_table(summary["metrics"], title))
     console.print(failures_table(summary["metrics"]))
+    if summary.get("behaviour"):
+        console.print(behaviour_table(summary["behaviour"]))
     used = summary["judge"]["usage_over_recorded_episodes"]
     if summary["judge"]["settings"] is not None:
         console.print(f"NL-assertion judge {summary['judge']['settings']['model']}: {used['calls']} calls, "

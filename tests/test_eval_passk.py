@@ -111,6 +111,18 @@ def test_mock_run_writes_every_output(mock_run: dict) -> None:
     assert rec["seed"] == episode_seed(300, "mock", MOCK_IDS[0], 0)
     assert rec["tokens"]["prompt"] > 0 and "prompt_ids" not in rec and rec["messages"]
     assert paths["chart"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # behaviour monitors: per record, and their rates in the summary and on the terminal
+    scored = [r for r in records.values() if r["status"] != "aborted"]
+    for r in scored:  # tool calls counted again from the recorded messages
+        calls = [c for m in r["messages"] if m["role"] == "assistant" for c in m.get("tool_calls") or []
+                 if c["name"] != "invalid_tool_call"]
+        assert r["monitors"]["tool_calls"] == len(calls)
+    behaviour = summary["behaviour"]["mock"]
+    assert behaviour["episodes"] == len(scored)
+    assert behaviour["tool_calls_mean"] == pytest.approx(sum(r["monitors"]["tool_calls"] for r in scored) / len(scored))
+    assert behaviour["limit_ended_share"] == pytest.approx(
+        sum(r["termination_reason"] not in ("agent_stop", "user_stop") for r in scored) / len(scored))
+    assert "Behaviour monitors" in mock_run["stdout"]
     assert "pass^2" in mock_run["stdout"] and f"T={N_MOCK} tasks, E={2 * N_MOCK} eps" in mock_run["stdout"]
     assert "Failure taxonomy" in mock_run["stdout"]
     n = 2 * N_MOCK
