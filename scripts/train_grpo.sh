@@ -155,6 +155,7 @@ SGLANG_ARGS=(
 CUSTOM_ARGS=(
   --custom-generate-function-path tau2_rl_pipeline.slime_plugins.adapter.generate
   --custom-reward-post-process-path tau2_rl_pipeline.slime_plugins.adapter.reward_post_process
+  --custom-rollout-log-function-path tau2_rl_pipeline.slime_plugins.rollout_log.log_rollout_data
 )
 if [[ "${GRPO_ALGORITHM}" == awsft ]]; then
   CUSTOM_ARGS+=(--loss-type custom_loss --custom-loss-function-path tau2_rl_pipeline.slime_plugins.awsft.awsft_loss_function)
