@@ -35,6 +35,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--task-ids", default=None,
                    help="comma-separated task ids (default: all)")
     g.add_argument("--num-samples", type=int, default=4, help="episodes per task: n in pass@k / pass^k, k <= n")
+    g.add_argument("--runs", type=int, default=1,
+                   help="repeat the evaluation N times, each run its own episode seeds: mean +- sd over runs "
+                        "beside the pooled estimate (pass@k, pass^k for k <= --num-samples)")
     g = p.add_argument_group("sampling (default: Qwen3-4B-Instruct-2507's recommended settings)")
     g.add_argument("--temperature", type=float, default=0.7)
     g.add_argument("--top-p", type=float, default=0.8)
@@ -51,6 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--output", type=Path, default=Path("outputs/eval/passk.json"), help="summary JSON path")
     g.add_argument("--resume", action=argparse.BooleanOptionalAction, default=True,
                    help="continue <output>.episodes.jsonl: finished episodes kept, aborted ones retried")
+    g.add_argument("--compare", type=Path, default=None, metavar="BASELINE.json",
+                   help="also compare this run against a finished one over the same tasks (tau2-rl-compare BASELINE "
+                        "OUTPUT); a baseline that measures something else is refused before anything runs")
     add_submission_args(p)
     add_config_args(p)
     return p

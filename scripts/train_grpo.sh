@@ -178,6 +178,7 @@ SGLANG_ARGS=(
 CUSTOM_ARGS=(
   --custom-generate-function-path tau2_rl_pipeline.slime_plugins.adapter.generate
   --custom-reward-post-process-path tau2_rl_pipeline.slime_plugins.adapter.reward_post_process
+  --custom-rollout-log-function-path tau2_rl_pipeline.slime_plugins.rollout_log.log_rollout_data
 )
 if [[ "${TAU2_LOSS_REDUCTION}" == token_mean ]]; then
   GRPO_ARGS+=(--calculate-per-token-loss)

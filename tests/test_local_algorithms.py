@@ -119,3 +119,5 @@ def test_demo_runs_awsft_and_reports_it_beside_grpo(tiny_small_dir, tmp_path, ca
     assert {Path(p).name for p in report["charts"]} == {"grpo_reward.png", "awsft_reward.png", "stages_passk.png"}
     out_text = captured.out
     assert "grpo" in out_text and "awsft" in out_text and "AWSFT: 1/1 steps with signal" in out_text
+    # the recorded stages' evaluations are placeholders here, not evaluator runs: no paired test, said in one line
+    assert "AWSFT vs RFT: no paired comparison (" in out_text and "not an evaluator summary" in out_text

@@ -222,6 +222,10 @@ def test_an_interrupted_grpo_resumes_at_its_last_step_with_that_steps_curriculum
     def without_timing(history: list[dict]) -> list[dict]:
         return [{k: v for k, v in h.items() if k != "rollout_s"} for h in history]
     assert without_timing(resumed) == without_timing(whole)  # same draws, rewards and updates as uninterrupted
+    for h in whole:  # the step log's behaviour monitors cover the step's scored episodes
+        b = h["behaviour"]
+        assert b["episodes"] == h["episodes"] - h["aborted"] == 4
+        assert b["agent_ended_share"] + b["user_ended_share"] + b["limit_ended_share"] == pytest.approx(1.0)
     curriculum = json.loads((GrpoProgress(tmp_path / "b").step_dir() / "curriculum_state.json").read_text())
     assert sum(t["attempts"] for t in curriculum["tasks"].values()) == 3 * 2 * 2  # each episode counted once
     assert [p.name for p in (tmp_path / "b").iterdir() if "step_" in p.name] == ["step_3"]

@@ -25,6 +25,7 @@ from typing import Any, Callable
 
 import torch
 
+from tau2_rl_pipeline.benchmark.monitors import batch_monitors, monitors
 from tau2_rl_pipeline.benchmark.tasks import load_tasks
 from tau2_rl_pipeline.benchmark.users import ScriptedUser
 from tau2_rl_pipeline.config import Tau2Config
@@ -34,8 +35,9 @@ from tau2_rl_pipeline.learning.curriculum import STATE_FILE, CurriculumTracker
 from tau2_rl_pipeline.learning.judge_reward import JudgeClient, judge_trajectory
 from tau2_rl_pipeline.learning.reward import post_process, task_key
 from tau2_rl_pipeline.local.trainer import LocalTrainer, TrainConfig, examples_from_trajectory
+from tau2_rl_pipeline.metrics import is_success
 from tau2_rl_pipeline.rollout.engines import SamplingParams, TransformersEngine
-from tau2_rl_pipeline.rollout.episode_loop import run_episode
+from tau2_rl_pipeline.rollout.episode_loop import ABORTED, run_episode
 from tau2_rl_pipeline.selection.difficulty import FilterStats, filter_tasks, pass_rates
 from tau2_rl_pipeline.slime_plugins.adapter import fill_sample
 
@@ -137,6 +139,13 @@ def step_record(step: int, samples: list, raw: list[float], group_size: int, gro
             "trained_sequences": trained_sequences}
 
 
+def step_behaviour(domain: str, trajs: list, tasks: list) -> dict[str, Any]:
+    """The behaviour monitors' rates (benchmark/monitors.py) over a step's scored episodes, `tasks` each one's."""
+    scored = [(t, task) for t, task in zip(trajs, tasks) if t.status != ABORTED]
+    return batch_monitors([monitors(domain, task, t.messages, t.termination_reason) for t, task in scored],
+                          [is_success(t.reward) for t, _ in scored])
+
+
 class GrpoProgress:
     """The last finished step under `root`: its number, the history so far, and its checkpoint directory."""
 
@@ -194,8 +203,9 @@ def grpo_stage(settings: GrpoSettings, start: Path, dest: Path, root: Path, cfg:
         chosen = tracker.draw(keys, k, rng) if cfg.task_sampler == "learning_value" else rng.sample(keys, k)
         trainer.model.eval()
         t0 = time.perf_counter()
-        trajs = asyncio.run(_rollouts(s.domain, engine, trainer.tokenizer, [tasks[c.split("/", 1)[1]] for c in chosen],
-                                      s.n, sampling, cfg, s.seed * 1000 + (step - 1) * 100))
+        drawn = [tasks[c.split("/", 1)[1]] for c in chosen]
+        trajs = asyncio.run(_rollouts(s.domain, engine, trainer.tokenizer, drawn, s.n, sampling, cfg,
+                                      s.seed * 1000 + (step - 1) * 100))
         rollout_s = time.perf_counter() - t0
         # as slime's samples, each carries its task's V* from the difficulty stage (the task-index row's metadata)
         samples = [fill_sample(LocalSample(metadata=_baseline(baselines, t.task_id)), t, cfg, trainer.tokenizer)
@@ -210,7 +220,8 @@ def grpo_stage(settings: GrpoSettings, start: Path, dest: Path, root: Path, cfg:
                     for t, smp, a in zip(trajs, samples, signal) if not smp.remove_sample]
         record = {**step_record(step, samples, raw, s.n, tracker.zero_signal_groups - zero_before, len(examples)),
                   "rollout_s": rollout_s, "aborted": sum(smp.status.name == "ABORTED" for smp in samples),
-                  "judge_calls": sum(t.judge_calls for t in trajs)}
+                  "judge_calls": sum(t.judge_calls for t in trajs),
+                  "behaviour": step_behaviour(s.domain, trajs, [task for task in drawn for _ in range(s.n)])}
         if any(e.num_targets for e in examples):  # nothing sampled (every episode aborted): no step
             trainer.model.train()
             update = trainer.awsft_step(examples) if name == "awsft" else trainer.grpo_step(examples)

@@ -45,7 +45,9 @@ from tau2_rl_pipeline.local.demo_report import (
     ALGORITHMS,
     grpo_summary,
     print_stage_table,
+    stage_comparisons,
     stage_numbers,
+    stage_verdicts,
     summary_lines,
     write_charts,
 )
@@ -366,10 +368,12 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 130
     report["benchmark"] = benchmark
+    report["comparisons"] = stage_comparisons(args.out / "eval", list(report["stages"]))
     report["charts"] = [str(p) for p in write_charts(report, args.out)]
     atomic_write_bytes(report_path, json.dumps(report, indent=1).encode())
     print_stage_table(report)
     print("\n".join(summary_lines(report)))
+    print("\n".join(stage_verdicts(report)))
     print(f"report {report_path}\ncharts {', '.join(report['charts'])}")
     return 0
 

@@ -23,6 +23,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from tau2_rl_pipeline.benchmark.episode import build_environment
+from tau2_rl_pipeline.benchmark.monitors import monitors
 from tau2_rl_pipeline.benchmark.tasks import get_task, split_benchmark
 from tau2_rl_pipeline.benchmark.tau2_version import BenchmarkMismatch, check_same_benchmark
 from tau2_rl_pipeline.benchmark.users import make_user_factory
@@ -297,6 +298,7 @@ async def generate(args, sample, sampling_params: dict[str, Any], evaluation: bo
             logger.error("%s", storm)
             raise storm
     sample = fill_sample(sample, traj, cfg, tokenizer, top_p=sampling.return_top_p)
+    sample.metadata["monitors"] = monitors(domain, task, traj.messages, traj.termination_reason)  # rollout_log.py
     if resumes and traj.termination_reason == ROLLOUT_STOPPED and traj.live is not None:
         live_episodes(args).keep(sample, traj.live, (domain, task_id))
     return sample

@@ -307,3 +307,37 @@ def test_an_abort_storm_stops_the_fully_async_rollout_too(slime_env, monkeypatch
             rollout(args)
         reset_slime()  # the worker stops while the server is still up
     assert time.monotonic() - started < 60
+
+
+ROLLOUT_LOG = "tau2_rl_pipeline.slime_plugins.rollout_log.log_rollout_data"
+
+
+@pytest.mark.parametrize("extra_metrics", [True, False], ids=["sync-rollout", "bare-list-rollout"])
+def test_behaviour_monitors_are_logged_by_slimes_own_rollout_logging(extra_metrics, slime_env, monkeypatch, loopback,
+                                                                     tiny_small_dir, small_tokenizer, tmp_path):
+    """slime's real log_rollout_data (what RolloutManager.generate calls after each rollout) with our log function
+    (--custom-rollout-log-function-path, as scripts/train_grpo.sh passes it): the monitors land in the row slime
+    logs with compute_metrics_from_samples' rollout/* keys; with no extra-metrics dict (slime's fully async rollout
+    returns a bare list) they go out at the same rollout/step on their own."""
+    from slime.observability import logging_utils
+    from slime.observability.rollout_metrics import log_rollout_data
+
+    loopback.responder = Script(small_tokenizer)  # gold create_task, then "Done."; the user stops
+    args = slime_args(tiny_small_dir, prompt_rows(tmp_path / "p.jsonl", ["create_task_1"]),
+                      loopback.base_url.removeprefix("http://"), batch=1, n=2,
+                      extra=("--custom-rollout-log-function-path", ROLLOUT_LOG))
+    output, _ = rollout(args)
+    samples = flat(output.samples)
+    assert [s.metadata["monitors"]["tool_calls"] for s in samples] == [1, 1]
+    rows: list[dict] = []
+    monkeypatch.setattr(logging_utils, "log", lambda args, metrics, step_key: rows.append(dict(metrics)))
+    log_rollout_data(0, args, samples, output.metrics if extra_metrics else None, 1.0)
+    logged = {k: v for row in rows for k, v in row.items()}
+    assert len(rows) == (1 if extra_metrics else 2) and all(row["rollout/step"] == 0 for row in rows)
+    assert logged["rollout/monitor/episodes"] == 2.0
+    assert logged["rollout/monitor/tool_calls_mean"] == 1.0 and logged["rollout/monitor/over_actions_mean"] == 0.0
+    assert logged["rollout/monitor/user_ended_share"] == 1.0 and logged["rollout/monitor/transfer_share"] == 0.0
+    assert logged["rollout/monitor/successes_without_action_check_share"] == 1.0  # create_task_1: DB + COMMUNICATE
+    assert "rollout/prefix_cache_hit_rate" in logged  # slime's compute_metrics_from_samples, beside ours
+    if extra_metrics:
+        assert "rollout/prefix_cache_hit_rate" in rows[0] and "rollout/monitor/episodes" in rows[0]  # one row
