@@ -90,7 +90,11 @@ fi
 DP=$((ACTOR_GPUS / TRAIN_TP))
 ((GRPO_GLOBAL_BATCH_SIZE % DP == 0)) ||
   die "GRPO_GLOBAL_BATCH_SIZE=${GRPO_GLOBAL_BATCH_SIZE} is not a multiple of the data-parallel size ${DP}"
-require_file "${GRPO_PROMPT_DATA}" "GRPO task index (python -m tau2_rl_pipeline.benchmark.tasks)"
+if [[ "${GRPO_PROMPT_DATA}" == "${GRPO_TASKS}" ]]; then  # what scripts/pipeline.sh passes
+  require_file "${GRPO_PROMPT_DATA}" "GRPO task index (the difficulty stage's train tasks filtered by RFT-sampling pass rate: python -m tau2_rl_pipeline.selection.difficulty)"
+else
+  require_file "${GRPO_PROMPT_DATA}" "GRPO task index (python -m tau2_rl_pipeline.benchmark.tasks)"
+fi
 require_dir "${GRPO_INIT_DIR}" "initial torch_dist checkpoint (scripts/train_rft.sh)"
 require_file "${BASE_HF_DIR}/config.json" "base model (scripts/download.sh)"
 require_dir "${SLIME_DIR}" "slime (SLIME_DIR)"
