@@ -11,7 +11,8 @@
 # ---- helpers ------------------------------------------------------------------------------------------------
 # A failure inside $(...) stops the script too (bash does not pass errexit into command substitutions by default).
 shopt -s inherit_errexit
-PROG="$(basename "$0")"
+# A stage script that runs another (train_rft.sh runs train_sft.sh) exports STAGE_SCRIPT, so messages name it.
+PROG="${STAGE_SCRIPT:-$(basename "$0")}"
 die() { printf '%s: error: %s\n' "${PROG}" "$*" >&2; exit 1; }
 note() { printf '%s: %s\n' "${PROG}" "$*" >&2; }
 
@@ -113,7 +114,7 @@ require_port_free() { if port_in_use "$1"; then problem "port $1 ($2) is already
 served_endpoint() {
   local base_var=$1 model_var=$2 example=$3 what=$4
   local base="${!base_var:-}" model="${!model_var:-}"
-  [[ -n "${base}" ]] || die "${base_var} is empty (provider endpoint): there is no local ${what} to serve"
+  [[ -n "${base}" ]] || die "${base_var} is empty: set ${base_var}=${example} and ${model_var}=openai/<served name> to serve a local ${what} here (empty means a provider's ${what}: nothing to serve)"
   [[ "${base}" =~ ^http://[^/:]+:([0-9]+)/v1/?$ ]] || die "${base_var}=${base} must look like ${example}"
   # shellcheck disable=SC2034  # read by the calling script
   SERVED_PORT="${BASH_REMATCH[1]}"

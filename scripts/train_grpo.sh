@@ -110,7 +110,11 @@ fi
 DP=$((ACTOR_GPUS / TRAIN_TP))
 ((GRPO_GLOBAL_BATCH_SIZE % DP == 0)) ||
   die "GRPO_GLOBAL_BATCH_SIZE=${GRPO_GLOBAL_BATCH_SIZE} is not a multiple of the data-parallel size ${DP}"
-require_file "${GRPO_PROMPT_DATA}" "GRPO task index (python -m tau2_rl_pipeline.benchmark.tasks)"
+if [[ "${GRPO_PROMPT_DATA}" == "${GRPO_TASKS}" ]]; then  # what scripts/pipeline.sh passes
+  require_file "${GRPO_PROMPT_DATA}" "GRPO task index (the difficulty stage's train tasks filtered by RFT-sampling pass rate: python -m tau2_rl_pipeline.selection.difficulty)"
+else
+  require_file "${GRPO_PROMPT_DATA}" "GRPO task index (python -m tau2_rl_pipeline.benchmark.tasks)"
+fi
 if [[ "${GRPO_ALGORITHM}" == awsft ]] && ! grep -q '"reference_pass_rate"' "${GRPO_PROMPT_DATA}"; then
   note "GRPO_ALGORITHM=awsft: no task in ${GRPO_PROMPT_DATA} has a reference_pass_rate (the difficulty stage writes it): each weight follows the batch z-score of the rewards"
 fi

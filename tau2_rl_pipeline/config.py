@@ -352,18 +352,66 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return super()._format_action(action)
 
 
+class CommandParser(argparse.ArgumentParser):
+    """`--help` on one screen: the options a first run needs. Groups added with `more=True` (tuning, sampling, ...)
+    show under `--help-all` only; `--help` ends by saying how many there are."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._more: list[argparse._ArgumentGroup] = []
+        self._show_all = False
+        self.add_argument("--help-all", action=_HelpAll)
+
+    def add_argument_group(self, *args: Any, more: bool = False, **kwargs: Any) -> argparse._ArgumentGroup:
+        group = super().add_argument_group(*args, **kwargs)
+        if more:
+            self._more.append(group)
+        return group
+
+    def format_help(self) -> str:
+        hidden = [] if self._show_all else [a for g in self._more for a in g._group_actions
+                                              if a.help is not argparse.SUPPRESS]
+        saved = [a.help for a in hidden]
+        descriptions = [g.description for g in self._more]
+        for action in hidden:
+            action.help = argparse.SUPPRESS
+        if hidden:
+            for group in self._more:
+                group.description = None
+        try:
+            text = super().format_help()
+        finally:
+            for action, help_text in zip(hidden, saved):
+                action.help = help_text
+            for group, description in zip(self._more, descriptions):
+                group.description = description
+        if hidden:
+            text += f"\n--help-all also lists {len(hidden)} more options ({', '.join(g.title for g in self._more)})\n"
+        return text
+
+
+class _HelpAll(argparse.Action):
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, nargs=0,
+                         help="every option, the tuning ones too, and exit")
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        parser._show_all = True
+        parser.print_help()
+        parser.exit()
+
+
 def command_parser(prog: str, description: str, epilog: str | None = None,
-                   formatter_class: type[argparse.HelpFormatter] = HelpFormatter) -> argparse.ArgumentParser:
+                   formatter_class: type[argparse.HelpFormatter] = HelpFormatter) -> CommandParser:
     """The parser of an installed command (pyproject's [project.scripts]): `prog [options]`, help on one screen."""
-    return argparse.ArgumentParser(prog=prog, usage="%(prog)s [options]", description=description, epilog=epilog,
-                                   formatter_class=formatter_class)
+    return CommandParser(prog=prog, usage="%(prog)s [options]", description=description, epilog=epilog,
+                         formatter_class=formatter_class)
 
 
 class _HelpConfig(argparse.Action):
     def __init__(self, option_strings, dest, **kwargs):
         super().__init__(option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, nargs=0,
-                         help="list the tau2 config flags (every TAU2_* setting: reward, curriculum, episode limits, "
-                              "user simulator) and exit")
+                         help="list every TAU2_* setting as a flag and exit")
 
     def __call__(self, parser, namespace, values, option_string=None):
         print(config_help())

@@ -147,6 +147,10 @@ def main(argv: list[str] | None = None) -> int:
     except TaskLookupError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except OSError as e:  # not writable, a file where the folder goes: one line, no traceback
+        print(f"error: --local-dir {args.local_dir}: cannot write {e.filename or args.local_dir}: {e.strerror or e}",
+              file=sys.stderr)
+        return 2
     for name, n in counts.items():
         print(f"{n:5d}  {Path(args.local_dir) / name}")
     return 0

@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import copy
 import functools
+import hashlib
 import json
 import math
 import os
 import random
 import shutil
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -36,6 +36,7 @@ from typing import Any
 
 import torch
 
+from tau2_rl_pipeline.files import staging_dir
 from tau2_rl_pipeline.learning.losses import (
     REDUCTIONS,
     gather_logprobs,
@@ -139,6 +140,9 @@ def sft_example_from_chat(tokenizer: Any, chat: list[dict], tools: list[dict] | 
     return TrainExample(input_ids=ids, loss_mask=mask)
 
 
+SFT_SAVE_EVERY_S = 30.0  # LocalTrainer.sft with resume_dir: at most this much training lost to Ctrl-C
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """Hyperparameters of the local trainer (defaults: slime's GRPO optimizer settings, lr for SFT)."""
@@ -232,14 +236,14 @@ def _chunks(items: Sequence[Any], size: int) -> list[Sequence[Any]]:
 
 
 @contextmanager
-def _progress(description: str, total: int) -> Iterator[Callable[..., None]]:
+def _progress(description: str, total: int, done: int = 0) -> Iterator[Callable[..., None]]:
     """A rich progress bar on a terminal; yields advance(status). Nests under a caller's own bar (rich >= 14).
     When stderr is not a terminal (a log file, CI) a bar shows nothing until it ends: one line per step instead."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     if not Console(stderr=True).is_terminal:
-        t0, done = time.perf_counter(), 0
+        t0 = time.perf_counter()
 
         def log_line(status: str = "") -> None:
             nonlocal done
@@ -251,7 +255,7 @@ def _progress(description: str, total: int) -> Iterator[Callable[..., None]]:
         return
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   TextColumn("{task.fields[status]}")) as bar:
-        task = bar.add_task(description, total=total, status="")
+        task = bar.add_task(description, total=total, completed=done, status="")
         yield lambda status="": bar.update(task, advance=1, status=status)
 
 
@@ -338,7 +342,9 @@ class LocalTrainer:
             raise ValueError("no example has a mask-1 token to evaluate")
         nll = 0.0
         self.model.eval()
-        with torch.no_grad(), _progress("eval", math.ceil(len(examples) / self.cfg.micro_batch_size)) as advance:
+        # named for what it is: a loss pass over the training examples, not the Pass@K evaluation
+        with torch.no_grad(), _progress(f"loss over {len(examples)} examples (no update)",
+                                        math.ceil(len(examples) / self.cfg.micro_batch_size)) as advance:
             for chunk in _chunks(examples, self.cfg.micro_batch_size):
                 batch = _collate(chunk, self.pad_id, self.device)
                 nll += float(sft_loss(self._logprobs(self.model, batch)[0], batch.loss_mask, num_tokens=total)[0])
@@ -373,27 +379,68 @@ class LocalTrainer:
     def _sft_micro_loss(self, batch: _Batch, num_tokens: int) -> tuple[torch.Tensor, dict[str, float]]:
         return sft_loss(self._logprobs(self.model, batch)[0], batch.loss_mask, num_tokens=num_tokens)
 
-    def sft(self, examples: Sequence[TrainExample], *, eval_examples: Sequence[TrainExample] | None = None
-            ) -> list[dict[str, Any]]:
+    def sft(self, examples: Sequence[TrainExample], *, eval_examples: Sequence[TrainExample] | None = None,
+            resume_dir: str | Path | None = None, save_every_s: float = SFT_SAVE_EVERY_S) -> list[dict[str, Any]]:
         """`epochs` shuffled passes, micro_batch_size * grad_accum_steps sequences per optimizer step; with
-        `eval_examples`, the last step of each epoch also records their masked loss as eval_loss."""
+        `eval_examples`, the last step of each epoch also records their masked loss as eval_loss.
+
+        With `resume_dir`, the training state (weights, optimizer, random generators, position) is saved there at
+        each epoch's end and after any step `save_every_s` seconds after the last save; a later call on a trainer
+        built the same way, with the same examples, continues from it (Ctrl-C loses at most that much), ending
+        with the weights an uninterrupted run ends with. A state saved for other examples or settings is ignored."""
         if not examples:
             raise ValueError("sft needs at least one example")
         per_step = self.cfg.micro_batch_size * self.cfg.grad_accum_steps
         steps_per_epoch = math.ceil(len(examples) / per_step)
+        rows = json.dumps([[list(e.input_ids), list(e.loss_mask)] for e in examples]).encode()
+        fingerprint = json.loads(json.dumps({
+            "examples": hashlib.sha256(rows).hexdigest(),
+            "config": {k: v for k, v in asdict(self.cfg).items() if k not in ("log_jsonl", "wandb_project")}},
+            default=str))
+        state_path = Path(resume_dir) / "sft_state.pt" if resume_dir is not None else None
+        start_epoch, start_index = 0, 0
+        if state_path is not None and state_path.is_file():
+            state = torch.load(state_path, map_location=self.device, weights_only=False)
+            if state["fingerprint"] == fingerprint:
+                self.model.load_state_dict(state["model"])
+                self.optimizer.load_state_dict(state["optimizer"])
+                torch.set_rng_state(state["torch_rng"])
+                self._shuffle.setstate(state["shuffle_at_epoch_start"])
+                self.step, start_epoch, start_index = state["step"], state["epoch"], state["index"]
+                print(f"sft: resuming at step {start_epoch * steps_per_epoch + start_index} of "
+                      f"{self.cfg.epochs * steps_per_epoch} from {state_path}", file=sys.stderr, flush=True)
         records = []
-        with _progress("sft", self.cfg.epochs * steps_per_epoch) as advance:
-            for epoch in range(self.cfg.epochs):
+        last_save = time.monotonic()
+        done = start_epoch * steps_per_epoch + start_index
+        with _progress("sft", self.cfg.epochs * steps_per_epoch, done) as advance:
+            for epoch in range(start_epoch, self.cfg.epochs):
+                shuffle_at_epoch_start = self._shuffle.getstate()
                 order = list(examples)
                 self._shuffle.shuffle(order)
                 for i, chunk in enumerate(_chunks(order, per_step)):
+                    if epoch == start_epoch and i < start_index:
+                        continue  # trained before the resume
                     record = {"stage": "sft", "epoch": epoch, **self._optimizer_step(chunk, self._sft_micro_loss)}
                     if eval_examples and i == steps_per_epoch - 1:
                         record["eval_loss"] = self.evaluate(eval_examples)
                     self.sink.write(record)
                     records.append(record)
                     advance(status=f"loss {record['loss']:.4f}")
+                    last = i == steps_per_epoch - 1
+                    if state_path is not None and (last or time.monotonic() - last_save >= save_every_s):
+                        self._save_sft_state(state_path, fingerprint, shuffle_at_epoch_start if not last else
+                                             self._shuffle.getstate(), epoch + last, 0 if last else i + 1)
+                        last_save = time.monotonic()
         return records
+
+    def _save_sft_state(self, path: Path, fingerprint: dict, shuffle_state: Any, epoch: int, index: int) -> None:
+        """The state to continue SFT from (epoch, index: the next step's place), written whole or not at all."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        torch.save({"fingerprint": fingerprint, "model": self.model.state_dict(),
+                    "optimizer": self.optimizer.state_dict(), "torch_rng": torch.get_rng_state(),
+                    "shuffle_at_epoch_start": shuffle_state, "step": self.step, "epoch": epoch, "index": index}, tmp)
+        os.replace(tmp, path)
 
     def _grpo_micro_loss(self, batch: _Batch, num_tokens: int, *, num_samples: int
                          ) -> tuple[torch.Tensor, dict[str, float]]:
@@ -455,8 +502,7 @@ class LocalTrainer:
             raise ValueError("no tokenizer: pass tokenizer= to LocalTrainer to save a loadable model directory")
         if out.exists() and any(out.iterdir()):
             raise FileExistsError(f"{out} exists and is not empty; save each checkpoint to a new directory")
-        out.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+        staging = staging_dir(out)
         try:
             self.model.save_pretrained(str(staging))
             self.tokenizer.save_pretrained(str(staging))
