@@ -39,7 +39,7 @@ source_model_args
 
 GRPO_INIT_DIR="${GRPO_INIT_DIR:-${RFT_CKPT_DIR}}"
 GRPO_PROMPT_DATA="${GRPO_PROMPT_DATA:-${TASKS_DIR}/tau2_train_all_tasks.jsonl}"
-GRPO_WANDB_GROUP="${GRPO_WANDB_GROUP:-grpo-qwen3-4b}"
+GRPO_WANDB_GROUP="${GRPO_WANDB_GROUP:-grpo-${MODEL_SHORT}}"
 # GRPO defaults (the original cookbook's): 200 rollouts of 16 tasks x 4 samples, one optimizer step per rollout.
 GRPO_NUM_ROLLOUT="${GRPO_NUM_ROLLOUT:-200}"
 GRPO_ROLLOUT_BATCH_SIZE="${GRPO_ROLLOUT_BATCH_SIZE:-16}"
@@ -50,12 +50,11 @@ GRPO_EPS_CLIP_HIGH="${GRPO_EPS_CLIP_HIGH:-0.28}"
 GRPO_KL_LOSS_TYPE="${GRPO_KL_LOSS_TYPE:-low_var_kl}"
 GRPO_KL_LOSS_COEF="${GRPO_KL_LOSS_COEF:-0.01}"
 GRPO_ENTROPY_COEF="${GRPO_ENTROPY_COEF:-0.001}"
-GRPO_LR="${GRPO_LR:-1e-6}"
 GRPO_TEMPERATURE="${GRPO_TEMPERATURE:-0.7}"
 GRPO_MAX_RESPONSE_LEN="${GRPO_MAX_RESPONSE_LEN:-4096}"   # SGLang max_new_tokens per policy turn
 GRPO_SAVE_INTERVAL="${GRPO_SAVE_INTERVAL:-20}"
-GRPO_MAX_TOKENS_PER_GPU="${GRPO_MAX_TOKENS_PER_GPU:-12288}"
-GRPO_SGLANG_MEM_FRACTION="${GRPO_SGLANG_MEM_FRACTION:-0.7}"
+# GRPO_LR, GRPO_MAX_TOKENS_PER_GPU, GRPO_SGLANG_MEM_FRACTION and ROLLOUT_GPUS_PER_ENGINE follow the model preset
+# (common.sh; for the 4B: 1e-6, 12288, 0.7, 1); RECIPE=qwen3-8b-tau2 sets the batch, turns and steps above too.
 # grpo: slime's PPO-clip policy loss; awsft: advantage-weighted SFT (tau2_rl_pipeline/slime_plugins/awsft.py, a slime
 # custom loss) on the same episodes and KL reference, each episode weighted by the recipe's w (learning/awsft.py: its
 # reward over the task's reference pass rate, which the difficulty stage writes into GRPO_PROMPT_DATA's rows,
@@ -104,10 +103,11 @@ if [[ "${GRPO_ASYNC}" == 1 ]]; then
     die "TAU2_FILTER_ZERO_STD=1 has no effect with GRPO_ASYNC=1: slime's fully async rollout applies no dynamic-sampling filter"
   fi
   ACTOR_GPUS=$((NUM_POLICY_GPUS - GRPO_ASYNC_ROLLOUT_GPUS))
+  apply_preset "$((${ACTOR_NUM_NODES:-1} * ${ACTOR_GPUS_PER_NODE:-${ACTOR_GPUS}}))"  # the layout of the training GPUs alone
   ((TRAIN_TP <= ACTOR_GPUS)) || TRAIN_TP="${ACTOR_GPUS}"
   ((ACTOR_GPUS % TRAIN_TP == 0)) || die "TRAIN_TP=${TRAIN_TP} does not divide the ${ACTOR_GPUS} training GPUs of GRPO_ASYNC=1"
 fi
-DP=$((ACTOR_GPUS / TRAIN_TP))
+DP=$((ACTOR_GPUS / (TRAIN_TP * TRAIN_PP * TRAIN_CP)))
 ((GRPO_GLOBAL_BATCH_SIZE % DP == 0)) ||
   die "GRPO_GLOBAL_BATCH_SIZE=${GRPO_GLOBAL_BATCH_SIZE} is not a multiple of the data-parallel size ${DP}"
 if [[ "${GRPO_PROMPT_DATA}" == "${GRPO_TASKS}" ]]; then  # what scripts/pipeline.sh passes
@@ -122,6 +122,10 @@ require_dir "${GRPO_INIT_DIR}" "initial torch_dist checkpoint (scripts/train_rft
 require_file "${BASE_HF_DIR}/config.json" "base model (scripts/download.sh)"
 require_dir "${SLIME_DIR}" "slime (SLIME_DIR)"
 require_user_sim
+if [[ "${GRPO_ASYNC}" == 1 ]]; then _nodes=1 _rollout_gpus="${GRPO_ASYNC_ROLLOUT_GPUS}"; else _nodes="${NUM_NODES:-1}" _rollout_gpus=$((${NUM_NODES:-1} * ACTOR_GPUS)); fi
+size_stage grpo --nodes "${ACTOR_NUM_NODES:-${_nodes}}" --gpus-per-node "${ACTOR_GPUS_PER_NODE:-${ACTOR_GPUS}}" \
+  --rollout-gpus "${ROLLOUT_NUM_GPUS:-${_rollout_gpus}}" --colocated "$((1 - GRPO_ASYNC))" --max-tokens-per-gpu "${GRPO_MAX_TOKENS_PER_GPU}" \
+  --mem-fraction "${GRPO_SGLANG_MEM_FRACTION}" --rollout-batch "${GRPO_ROLLOUT_BATCH_SIZE}" --samples "${GRPO_N_SAMPLES}"
 if [[ "${GRPO_ASYNC}" == 1 ]]; then
   note "layout ${TAU2_GPU_LAYOUT}, asynchronous: policy on GPUs ${POLICY_GPUS}: ${ACTOR_GPUS} training (TP${TRAIN_TP} x DP${DP}), ${GRPO_ASYNC_ROLLOUT_GPUS} rollout; user simulator on ${USER_SIM_GPUS}"
 else
@@ -175,7 +179,7 @@ OPTIMIZER_ARGS=(
 )
 
 SGLANG_ARGS=(
-  --rollout-num-gpus-per-engine 1
+  --rollout-num-gpus-per-engine "${ROLLOUT_GPUS_PER_ENGINE}"
   --sglang-mem-fraction-static "${GRPO_SGLANG_MEM_FRACTION}"
 )
 
