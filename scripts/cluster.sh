@@ -76,6 +76,12 @@ interface_present() {
   done
 }
 
+# Are all the nodes loopback addresses of this one machine (a cluster on loopback: several raylets here)?
+cluster_on_loopback() {
+  local addr
+  for addr in "${MASTER_ADDR:-}" "${WORKERS[@]}"; do [[ "${addr}" == 127.* ]] || return 1; done
+}
+
 # ---- the cluster's size ---------------------------------------------------------------------------------------
 GPUS_PER_NODE="${GPUS_PER_NODE:-${NUM_POLICY_GPUS}}"
 require_uint GPUS_PER_NODE "${GPUS_PER_NODE}"
@@ -207,14 +213,14 @@ print_cluster_plan() {
 RAY_STARTED=0
 WORKERS_STARTED=()
 
-# Run a shell command line on worker $1: over RAY_SSH, or here with RAY_WORKER_LAUNCH=local.
-on_worker() {
-  local ip=$1 line=$2 ssh
+# The command that runs shell command line $2 on worker $1, into WORKER_CMD: over RAY_SSH, or here with
+# RAY_WORKER_LAUNCH=local.
+worker_cmd() {
   if [[ "${RAY_WORKER_LAUNCH}" == local ]]; then
-    run bash -c "${line}"
+    WORKER_CMD=(bash -c "$2")
   else
-    read -r -a ssh <<<"${RAY_SSH}"
-    run "${ssh[@]}" "${ip}" "${line}"
+    read -r -a WORKER_CMD <<<"${RAY_SSH}"
+    WORKER_CMD+=("$1" "$2")
   fi
 }
 
@@ -229,7 +235,9 @@ worker_join_line() {
   cmd+=(ray start --address "${MASTER_ADDR}:${RAY_GCS_PORT}" --node-ip-address "${ip}" --num-gpus "${GPUS_PER_NODE}"
     --disable-usage-stats)
   [[ -z "${RAY_TEMP_DIR}" ]] || cmd+=(--temp-dir "${RAY_TEMP_DIR}/node-${ip}")
-  printf 'cd %q && %s' "${SLIME_DIR}" "$(printf '%q ' "${cmd[@]}")"
+  local quoted
+  quoted="$(printf '%q ' "${cmd[@]}")"
+  printf 'cd %q && %s' "${SLIME_DIR}" "${quoted% }"
 }
 
 # Each worker answers over ssh before anything starts (a dry run and RAY_WORKER_LAUNCH=local skip this).
@@ -246,26 +254,23 @@ require_workers_reachable() {
 # `ray start --address` on every worker at once (as slime's script does); a worker that fails is named with the
 # last line it printed.
 ray_start_workers() {
-  local ip i logs=() pids=() log
+  local ip i logs=() pids=()
   for ip in "${WORKERS[@]}"; do
+    worker_cmd "${ip}" "$(worker_join_line "${ip}")"
+    show_cmd "${WORKER_CMD[@]}"
     if is_dry; then
-      on_worker "${ip}" "$(worker_join_line "${ip}")"
       WORKERS_STARTED+=("${ip}")
     else
-      log="$(mktemp)"
-      logs+=("${log}")
-      on_worker "${ip}" "$(worker_join_line "${ip}")" >"${log}" 2>&1 &
+      logs+=("$(mktemp)")
+      "${WORKER_CMD[@]}" >"${logs[-1]}" 2>&1 &
       pids+=($!)
     fi
   done
-  is_dry && return 0
   for i in "${!pids[@]}"; do
     ip="${WORKERS[i]}"
-    if wait "${pids[i]}"; then
-      WORKERS_STARTED+=("${ip}")
-    else
-      die "worker ${ip} could not join the Ray cluster at ${MASTER_ADDR}:${RAY_GCS_PORT}: $(grep -v '^+ ' "${logs[i]}" | tail -n 1)"
-    fi
+    wait "${pids[i]}" ||
+      die "worker ${ip} could not join the Ray cluster at ${MASTER_ADDR}:${RAY_GCS_PORT}: $(tail -n 1 "${logs[i]}")"
+    WORKERS_STARTED+=("${ip}")
   done
   rm -f "${logs[@]}"
 }
@@ -275,30 +280,39 @@ ray_stop_cluster() {
   [[ "${RAY_STARTED}" == 1 ]] || return 0
   RAY_STARTED=0
   if [[ "${RAY_WORKER_LAUNCH}" == ssh ]]; then
-    for ip in "${WORKERS_STARTED[@]}"; do on_worker "${ip}" "ray stop" || note "warning: ray stop on ${ip} failed"; done
+    for ip in "${WORKERS_STARTED[@]}"; do
+      worker_cmd "${ip}" "ray stop"
+      run "${WORKER_CMD[@]}" || note "warning: ray stop on worker ${ip} failed"
+    done
   fi
   run ray stop
 }
 
-# Before training: every node joined with its GPUs, and sees the stage's paths where the head sees them. Run as a
-# Ray job (one task pinned to each node reads them), so a cluster joined by RAY_ADDRESS is checked the same way.
+# Before training: every node joined with its GPUs, and sees the stage's paths where the head sees them (one Ray task
+# pinned to each node reads them). On a cluster started here it runs as a Ray driver on the head; on one joined by
+# RAY_ADDRESS as a Ray job, from wherever the script runs.
 # cluster_check DIR... -- PATH...: each DIR (written: checkpoints) gets a check file with a fresh token that every
 # node must read back; each PATH (read: data, checkpoints to load, the HF model) must exist on every node.
 cluster_check() {
-  local path token log answer dirs=() cmd
+  local path token log answer dirs=() cmd check
   ((NUM_NODES > 1)) || return 0
   token="$(date +%s%N)-$$-${RANDOM}"
-  cmd=(ray job submit --address="${RAY_JOBS_API}" --runtime-env-json="$(ray_runtime_env_json)" -- "${PYTHON}" -m
-    tau2_rl_pipeline.slime_plugins.cluster_check --nodes "${NUM_NODES}" --gpus-per-node "${GPUS_PER_NODE}"
+  check=(-m tau2_rl_pipeline.slime_plugins.cluster_check --nodes "${NUM_NODES}" --gpus-per-node "${GPUS_PER_NODE}"
     --timeout "${RAY_JOIN_TIMEOUT}")
-  [[ -n "${RAY_ADDRESS}" ]] || cmd+=(--expect "$(IFS=,; printf '%s' "${MASTER_ADDR},${WORKERS[*]}")")
   while (($# > 0)) && [[ "$1" != -- ]]; do
     dirs+=("$1")
-    cmd+=(--token "$1/.tau2-shared-check=${token}")
+    check+=(--token "$1/.tau2-shared-check=${token}")
     shift
   done
   (($# == 0)) || shift
-  for path in "$@"; do cmd+=(--exists "${path}"); done
+  for path in "$@"; do check+=(--exists "${path}"); done
+  if [[ -n "${RAY_ADDRESS}" ]]; then
+    cmd=(ray job submit --address="${RAY_JOBS_API}" --runtime-env-json="$(ray_runtime_env_json)" -- "${PYTHON}"
+      "${check[@]}")
+  else
+    cmd=(env PYTHONPATH="${TAU2_ROOT}" "${PYTHON}" "${check[@]}" --address "${MASTER_ADDR}:${RAY_GCS_PORT}"
+      --expect "$(IFS=,; printf '%s' "${MASTER_ADDR},${WORKERS[*]}")")
+  fi
   show_cmd "${cmd[@]}"
   is_dry && return 0
   for path in "${dirs[@]}"; do

@@ -357,11 +357,11 @@ extra_flags() {
 
 # Each server of a URL list (a router's URL, or several servers' comma-separated, as the clients take them) answers
 # at URL+$2. $4=ray: a client inside the Ray job, which on several nodes may run on any of them, where a loopback URL
-# names another machine: refused.
+# names another machine: refused (unless the nodes are themselves loopback addresses of this machine).
 require_servers() {
   local urls=$1 suffix=$2 what=$3 where=${4:-} url
   for url in ${urls//,/ }; do
-    if [[ "${where}" == ray ]] && ((NUM_NODES > 1)) && [[ "${url}" =~ ^https?://(127\.[0-9.]+|localhost|\[::1\])(:|/|$) ]]; then
+    if [[ "${where}" == ray ]] && ((NUM_NODES > 1)) && ! cluster_on_loopback && [[ "${url}" =~ ^https?://(127\.[0-9.]+|localhost|\[::1\])(:|/|$) ]]; then
       die "${what} at ${url} is on loopback: on ${NUM_NODES} nodes the rollout runs on any of them; give an address every node reaches (a router's: scripts/start_router.sh)"
     fi
     require_server "${url%/}${suffix}" "${what}"

@@ -10,6 +10,7 @@ ssh cannot reach (the real ssh client against a port nothing listens on).
 
 from __future__ import annotations
 
+import itertools
 import re
 import shutil
 import socket
@@ -51,11 +52,11 @@ def plan(result: Result) -> list[str]:
 
 
 def check_job(result: Result) -> dict[str, list[str]]:
-    """The cluster check's flags (each may repeat) in the job submitted before slime's."""
+    """The cluster check's flags (each may repeat), run before slime's job."""
     cmd = next(c for c in result.commands if "tau2_rl_pipeline.slime_plugins.cluster_check" in c)
-    argv = cmd[cmd.index("--") + 1:]
+    argv = cmd[cmd.index("tau2_rl_pipeline.slime_plugins.cluster_check") + 1:]
     out: dict[str, list[str]] = {}
-    for flag, value in zip(argv, argv[1:]):
+    for flag, value in itertools.pairwise(argv):
         if flag.startswith("--"):
             out.setdefault(flag, []).append(value)
     return out
@@ -98,6 +99,7 @@ def test_the_scripts_start_a_cluster_from_a_hostfile(tmp_path: Path, nodes: int)
     assert check < next(i for i, c in enumerate(cmds) if f"{SLIME}/train.py" in c)
     checked = check_job(result)
     assert checked["--expect"] == [",".join([MASTER, *workers(nodes)])] and checked["--nodes"] == [str(nodes)]
+    assert checked["--address"] == [f"{MASTER}:6379"]  # a Ray driver on the head
     (token,) = checked["--token"]
     assert token.startswith(str(tmp_path / "out/checkpoints/grpo/.tau2-shared-check="))
     assert checked["--exists"] == [str(tmp_path / p) for p in ("out/data/tasks/tau2_train_all_tasks.jsonl",

@@ -6,10 +6,10 @@ Why: slime's actors on a worker load `--load` and save `--save` by path, and dec
 or train from other weights, and slime's check of that (`assert len(set(start_rollout_ids)) == 1`) fires only after
 every model has loaded. A worker that never joined leaves slime's placement group waiting with no end.
 
-scripts/cluster.sh runs this as a Ray job (`ray job submit -- python -m ...`), so it checks a cluster the scripts
-started and one they joined (Slurm, KubeRay) alike:
+scripts/cluster.sh runs it on the head of a cluster it started (a Ray driver at the head's GCS address), and as a Ray
+job on a cluster it joined (Slurm, KubeRay: `ray job submit -- python -m ...`, no --address):
 
-    python -m tau2_rl_pipeline.slime_plugins.cluster_check --nodes 2 --gpus-per-node 8 \
+    python -m tau2_rl_pipeline.slime_plugins.cluster_check --address 10.0.0.1:6379 --nodes 2 --gpus-per-node 8 \
         --expect 10.0.0.1,10.0.0.2 --token /ckpt/grpo/.tau2-shared-check=TOKEN --exists /data/tasks.jsonl
 
 It prints `cluster check: ...` and exits 0, or prints one line `cluster check failed: ...` naming the node and what
@@ -22,6 +22,7 @@ import argparse
 import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 SHARED_STORAGE_HINT = "put checkpoints and data on storage every node mounts at the same path"
 
@@ -118,6 +119,8 @@ def parse_token(text: str) -> tuple[str, str]:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--address", default=None,
+                        help="the head's GCS address HOST:PORT, this node being the head; unset inside a Ray job")
     parser.add_argument("--nodes", type=int, required=True, help="nodes the layout needs")
     parser.add_argument("--gpus-per-node", type=int, required=True, help="Ray GPUs each of them must give")
     parser.add_argument("--expect", default="", help="comma-separated node addresses that must have joined")
@@ -132,7 +135,14 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     import ray
 
-    ray.init(log_to_driver=False)
+    # The readers run in Ray's workers on every node: they import this package from where the head has it.
+    package_root = str(Path(__file__).resolve().parents[2])
+    runtime_env = {"env_vars": {"PYTHONPATH": package_root}}
+    if args.address:
+        ray.init(address=args.address, _node_ip_address=args.address.rsplit(":", 1)[0], log_to_driver=False,
+                 runtime_env=runtime_env)
+    else:
+        ray.init(log_to_driver=False)
     expect = [ip for ip in args.expect.split(",") if ip]
     views = wait_for_nodes(args.nodes, args.gpus_per_node, expect, args.timeout)
     problems = joined_problems(views, num_nodes=args.nodes, gpus_per_node=args.gpus_per_node, expect=expect)
