@@ -21,7 +21,9 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("policy")
     g.add_argument("--backend", choices=("sglang", "local"), default="sglang",
                    help="sglang = an SGLang server (--sglang-url); local = the in-process engine on --model")
-    g.add_argument("--sglang-url", default=None, help="SGLang server or router, e.g. http://127.0.0.1:30000")
+    g.add_argument("--sglang-url", default=None,
+                   help="SGLang server or router, e.g. http://127.0.0.1:30000, or several servers' URLs "
+                        "comma-separated (each request goes to the one with the fewest in flight)")
     g.add_argument("--hf-checkpoint", default=None,
                    help="checkpoint evaluated: local dir or hub id in the HF cache (sglang: its tokenizer; local: "
                         "its weights unless --model)")
