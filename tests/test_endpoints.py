@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from test_eval_passk import SMALL, run_cli
+from test_scripts import flags, run_script
 
 from eval.backends import SetupError, check_sglang
 from eval.plan import _safe_url
@@ -152,3 +153,39 @@ def test_a_url_list_needs_the_async_user_client() -> None:
         "http://10.0.0.2:30001/v1/chat/completions", "http://10.0.0.3:30001/v1/chat/completions"]
     with pytest.raises(UserConfigError, match="only the async client spreads"):
         make_user_factory("llm", Tau2Config.from_env({**listed, "TAU2_USER_CLIENT": "litellm"}))
+
+
+# ---- scripts: the router, and the servers a script checks --------------------------------------------------------
+def test_start_router_runs_sglangs_router_in_front_of_the_servers(tmp_path: Path) -> None:
+    result = run_script("start_router.sh", tmp_path, ROUTER_WORKER_URLS="http://10.0.0.2:30001,http://10.0.0.3:30001/",
+                        ROUTER_HOST="0.0.0.0", ROUTER_PORT="31100", ROUTER_POLICY="round_robin",
+                        ROUTER_METRICS_PORT="31101")
+    assert result.rc == 0, result.text
+    (cmd,) = [c for c in result.commands if "sglang_router.launch_router" in c]
+    assert cmd[:3] == ["python3", "-m", "sglang_router.launch_router"]
+    assert cmd[cmd.index("--worker-urls") + 1:] == ["http://10.0.0.2:30001", "http://10.0.0.3:30001/"]
+    got = flags(cmd[:cmd.index("--worker-urls")])
+    assert (got["--host"], got["--port"], got["--policy"], got["--prometheus-port"]) == ("0.0.0.0", "31100",
+                                                                                         "round_robin", "31101")
+    default = run_script("start_router.sh", tmp_path, ROUTER_WORKER_URLS="http://10.0.0.2:30001")
+    assert flags(next(c for c in default.commands if "--policy" in c))["--policy"] == "cache_aware"
+
+
+@pytest.mark.parametrize("env, says", [
+    ({}, "ROUTER_WORKER_URLS is empty"),
+    ({"ROUTER_WORKER_URLS": "http://10.0.0.2:30001/v1"}, "'http://10.0.0.2:30001/v1' is not http://host:port"),
+    ({"ROUTER_WORKER_URLS": "http://10.0.0.2:30001", "ROUTER_POLICY": "fastest"}, "ROUTER_POLICY=fastest is not one of"),
+])
+def test_start_router_refuses_bad_settings_in_one_line(tmp_path: Path, env: dict[str, str], says: str) -> None:
+    result = run_script("start_router.sh", tmp_path, **env)
+    assert result.rc == 1 and says in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_rft_samples_from_every_listed_policy_server(tmp_path: Path) -> None:
+    urls = "http://10.0.0.2:30000,http://10.0.0.3:30000"
+    result = run_script("generate_rft.sh", tmp_path, RFT_POLICY_URL=urls)
+    assert result.rc == 0, result.text
+    (cmd,) = [c for c in result.commands if "tau2_rl_pipeline.selection.rft" in c]
+    assert flags(cmd)["--sglang-url"] == urls
+    assert all(f"not checking that policy server (scripts/start_policy_server.sh) answers at {u}/health" in result.stderr
+               for u in urls.split(","))
