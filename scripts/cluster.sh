@@ -63,6 +63,7 @@ read_hostfile() {
 # exact names) name an interface of this node?
 interface_present() {
   local list=$1 exact=$2 name dev
+  [[ "${list}" == =* ]] && exact=1
   list="${list#=}"
   [[ "${list}" == ^* ]] && return 0  # an exclusion list names what not to use
   for name in ${list//,/ }; do
