@@ -108,7 +108,10 @@ def test_the_scripts_start_a_cluster_from_a_hostfile(tmp_path: Path, nodes: int)
     # the EXIT trap stops the workers, then the head
     assert cmds[-1] == ["ray", "stop"] and [c[-2] for c in cmds if c[0] == "ssh" and c[-1] == "ray stop"] == workers(nodes)
     assert len(plan(result)) == nodes and plan(result)[0].startswith(f"{MASTER} (head): actor ranks 0-3; SGLang")
-    assert len(result.stderr.splitlines()) < 25  # the plan and the notes fit one screen
+    lines = result.stderr.splitlines()  # one screen: a header, a line per node, the user simulator's, together
+    start = next(i for i, line in enumerate(lines) if "cluster plan: " in line)
+    assert [line.split(": ", 1)[0] for line in lines[start:start + nodes + 2]] == ["train_grpo.sh"] * (nodes + 2)
+    assert "user simulator: " in lines[start + nodes + 1]
 
 
 @pytest.mark.parametrize("nodes, actor_nodes, rollout", [(2, 1, 4), (4, 2, 8)])
@@ -256,3 +259,18 @@ def test_a_worker_ssh_cannot_reach_stops_a_real_run_before_anything_starts(tmp_p
     error = result.stderr.strip().splitlines()[-1]
     assert error.startswith("train_sft.sh: error: worker 127.0.0.5 (HOSTFILE) is not reachable over ssh")
     assert "Connection refused" in error
+
+
+def test_every_cluster_setting_reaches_the_commands(tmp_path: Path) -> None:
+    result = cluster(tmp_path, 2, RAY_JOIN_TIMEOUT="77", RAY_TEMP_DIR="/t/ray", RAY_SSH="ssh -p 2222",
+                     RAY_GCS_PORT="16379")
+    head = next(c for c in result.commands if "--head" in c)
+    assert flags(head)["--temp-dir"] == "/t/ray" and flags(head)["--port"] == "16379"
+    (join,) = [c for c in result.commands if c[-1].startswith(f"cd {SLIME} && ")]
+    assert join[:4] == ["ssh", "-p", "2222", "10.0.0.2"]
+    assert f"--address {MASTER}:16379" in join[-1] and "--temp-dir /t/ray/node-10.0.0.2" in join[-1]
+    assert check_job(result)["--timeout"] == ["77"] and check_job(result)["--address"] == [f"{MASTER}:16379"]
+    local = cluster(tmp_path, 2, RAY_WORKER_LAUNCH="local")
+    (join,) = [c for c in local.commands if c[-1].startswith(f"cd {SLIME} && ")]
+    assert join[:2] == ["bash", "-c"] and "--node-ip-address 10.0.0.2" in join[2]
+    assert not any(c[:2] == ["bash", "-c"] and c[2] == "ray stop" for c in local.commands)  # the head's stops all
