@@ -75,6 +75,8 @@ for name in GRPO_EPS_CLIP GRPO_EPS_CLIP_HIGH GRPO_KL_LOSS_COEF GRPO_ENTROPY_COEF
   GRPO_SGLANG_MEM_FRACTION; do
   require_number "${name}" "${!name}"
 done
+ROLLOUT_GPUS_PER_ENGINE="${ROLLOUT_GPUS_PER_ENGINE:-1}"  # GPUs of one SGLang engine (its tensor parallel size)
+require_uint ROLLOUT_GPUS_PER_ENGINE "${ROLLOUT_GPUS_PER_ENGINE}"
 require_choice GRPO_KL_LOSS_TYPE "${GRPO_KL_LOSS_TYPE}" k1 k2 k3 low_var_kl
 require_choice GRPO_ALGORITHM "${GRPO_ALGORITHM}" grpo awsft
 SAMPLES=$((GRPO_ROLLOUT_BATCH_SIZE * GRPO_N_SAMPLES))
@@ -157,7 +159,7 @@ OPTIMIZER_ARGS=(
 )
 
 SGLANG_ARGS=(
-  --rollout-num-gpus-per-engine 1
+  --rollout-num-gpus-per-engine "${ROLLOUT_GPUS_PER_ENGINE}"
   --sglang-mem-fraction-static "${GRPO_SGLANG_MEM_FRACTION}"
 )
 

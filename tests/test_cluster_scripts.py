@@ -137,6 +137,7 @@ def test_the_plan_follows_slimes_order_by_node_ip(tmp_path: Path) -> None:
 def test_engines_span_the_gpus_per_engine(tmp_path: Path) -> None:
     result = cluster(tmp_path, 2, GRPO_ASYNC="1", ROLLOUT_GPUS_PER_ENGINE="2")
     assert plan(result)[1] == "10.0.0.2 (worker): SGLang engines 0-1 (2 GPU(s) each)"
+    assert flags(slime_job(result, "train_async.py")[1])["--rollout-num-gpus-per-engine"] == "2"
 
 
 @pytest.mark.parametrize("script", ["train_sft.sh", "train_rft.sh"])
