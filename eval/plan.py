@@ -25,13 +25,16 @@ from tau2_rl_pipeline.rollout.engines import SamplingParams
 
 
 def _safe_url(url: str | None) -> str | None:
-    """A URL without user:password@ (never write credentials into a result)."""
+    """A URL (or a comma-separated list of them) without user:password@ (never write credentials into a result)."""
     if not url:
         return url
-    parts = urlsplit(url)
-    host = parts.hostname or ""
-    netloc = host + (f":{parts.port}" if parts.port else "")
-    return urlunsplit(parts._replace(netloc=netloc))
+    safe = []
+    for one in url.split(","):
+        parts = urlsplit(one.strip())
+        host = parts.hostname or ""
+        netloc = host + (f":{parts.port}" if parts.port else "")
+        safe.append(urlunsplit(parts._replace(netloc=netloc)))
+    return ",".join(safe)
 
 
 @dataclass

@@ -68,7 +68,13 @@ TAU2_LOSS_REDUCTION="${TAU2_LOSS_REDUCTION:-sample_mean}"
 FILTER_ZERO_STD="$(bool_setting TAU2_FILTER_ZERO_STD "${TAU2_FILTER_ZERO_STD:-0}")"
 GRPO_ASYNC="$(bool_setting GRPO_ASYNC "${GRPO_ASYNC:-0}")"
 GRPO_ASYNC_ROLLOUT_FUNCTION="${GRPO_ASYNC_ROLLOUT_FUNCTION:-tau2_rl_pipeline.slime_plugins.adapter.generate_rollout_fully_async}"
-GRPO_ASYNC_ROLLOUT_GPUS="${GRPO_ASYNC_ROLLOUT_GPUS:-$((NUM_POLICY_GPUS / 2))}"
+# Asynchronous GRPO's rollout GPUs: half of one node's; on several nodes, half the nodes (the actor gets the others).
+if ((NUM_NODES > 1)); then
+  HALF_THE_NODES=$((NUM_NODES / 2))
+  GRPO_ASYNC_ROLLOUT_GPUS="${GRPO_ASYNC_ROLLOUT_GPUS:-$((HALF_THE_NODES * GPUS_PER_NODE))}"
+else
+  GRPO_ASYNC_ROLLOUT_GPUS="${GRPO_ASYNC_ROLLOUT_GPUS:-$((GPUS_PER_NODE / 2))}"
+fi
 GRPO_PARTIAL_ROLLOUT="$(bool_setting GRPO_PARTIAL_ROLLOUT "${GRPO_PARTIAL_ROLLOUT:-1}")"
 GRPO_USE_TIS="$(bool_setting GRPO_USE_TIS "${GRPO_USE_TIS:-1}")"
 GRPO_MASK_OFFPOLICY="$(bool_setting GRPO_MASK_OFFPOLICY "${GRPO_MASK_OFFPOLICY:-1}")"
@@ -81,6 +87,8 @@ for name in GRPO_EPS_CLIP GRPO_EPS_CLIP_HIGH GRPO_KL_LOSS_COEF GRPO_ENTROPY_COEF
   GRPO_SGLANG_MEM_FRACTION; do
   require_number "${name}" "${!name}"
 done
+ROLLOUT_GPUS_PER_ENGINE="${ROLLOUT_GPUS_PER_ENGINE:-1}"  # GPUs of one SGLang engine (its tensor parallel size)
+require_uint ROLLOUT_GPUS_PER_ENGINE "${ROLLOUT_GPUS_PER_ENGINE}"
 require_choice GRPO_KL_LOSS_TYPE "${GRPO_KL_LOSS_TYPE}" k1 k2 k3 low_var_kl
 require_choice GRPO_ALGORITHM "${GRPO_ALGORITHM}" grpo awsft
 require_choice TAU2_LOSS_REDUCTION "${TAU2_LOSS_REDUCTION}" sample_mean token_mean
@@ -93,20 +101,23 @@ fi
 SAMPLES=$((GRPO_ROLLOUT_BATCH_SIZE * GRPO_N_SAMPLES))
 ((SAMPLES % GRPO_GLOBAL_BATCH_SIZE == 0)) ||
   die "GRPO_GLOBAL_BATCH_SIZE=${GRPO_GLOBAL_BATCH_SIZE} must divide the ${SAMPLES} samples of a rollout"
-ACTOR_GPUS="${NUM_POLICY_GPUS}"
+CLUSTER_GPUS=$((NUM_NODES * GPUS_PER_NODE))
 if [[ "${GRPO_ASYNC}" == 1 ]]; then
-  ((NUM_POLICY_GPUS >= 2)) || die "GRPO_ASYNC=1 trains and rolls out on separate GPUs: it needs at least 2 policy GPUs, POLICY_GPUS=${POLICY_GPUS} has ${NUM_POLICY_GPUS}"
-  if ! [[ "${GRPO_ASYNC_ROLLOUT_GPUS}" =~ ^[1-9][0-9]*$ ]] || ((GRPO_ASYNC_ROLLOUT_GPUS >= NUM_POLICY_GPUS)); then
-    die "GRPO_ASYNC_ROLLOUT_GPUS=${GRPO_ASYNC_ROLLOUT_GPUS} must be between 1 and $((NUM_POLICY_GPUS - 1)) (the ${NUM_POLICY_GPUS} policy GPUs less at least one for training)"
+  ((CLUSTER_GPUS >= 2)) || die "GRPO_ASYNC=1 trains and rolls out on separate GPUs: it needs at least 2 policy GPUs, POLICY_GPUS=${POLICY_GPUS} has ${NUM_POLICY_GPUS}"
+  if ! [[ "${GRPO_ASYNC_ROLLOUT_GPUS}" =~ ^[1-9][0-9]*$ ]] || ((GRPO_ASYNC_ROLLOUT_GPUS >= CLUSTER_GPUS)); then
+    die "GRPO_ASYNC_ROLLOUT_GPUS=${GRPO_ASYNC_ROLLOUT_GPUS} must be between 1 and $((CLUSTER_GPUS - 1)) (the ${CLUSTER_GPUS} policy GPUs less at least one for training)"
   fi
   if [[ "${FILTER_ZERO_STD}" == 1 && "${GRPO_ASYNC_ROLLOUT_FUNCTION}" == *generate_rollout_fully_async ]]; then
     die "TAU2_FILTER_ZERO_STD=1 has no effect with GRPO_ASYNC=1: slime's fully async rollout applies no dynamic-sampling filter"
   fi
-  ACTOR_GPUS=$((NUM_POLICY_GPUS - GRPO_ASYNC_ROLLOUT_GPUS))
-  apply_preset "$((${ACTOR_NUM_NODES:-1} * ${ACTOR_GPUS_PER_NODE:-${ACTOR_GPUS}}))"  # the layout of the training GPUs alone
-  ((TRAIN_TP <= ACTOR_GPUS)) || TRAIN_TP="${ACTOR_GPUS}"
-  ((ACTOR_GPUS % TRAIN_TP == 0)) || die "TRAIN_TP=${TRAIN_TP} does not divide the ${ACTOR_GPUS} training GPUs of GRPO_ASYNC=1"
+  cluster_placement split "${GRPO_ASYNC_ROLLOUT_GPUS}"
+  apply_preset "$((ACTOR_NUM_NODES * ACTOR_GPUS_PER_NODE))"  # the layout of the training GPUs alone
+else
+  cluster_placement colocate
 fi
+ACTOR_GPUS=$((ACTOR_NUM_NODES * ACTOR_GPUS_PER_NODE))
+((TRAIN_TP <= ACTOR_GPUS)) || TRAIN_TP="${ACTOR_GPUS}"
+((ACTOR_GPUS % TRAIN_TP == 0)) || die "TRAIN_TP=${TRAIN_TP} does not divide the ${ACTOR_GPUS} training GPUs"
 DP=$((ACTOR_GPUS / (TRAIN_TP * TRAIN_PP * TRAIN_CP)))
 ((GRPO_GLOBAL_BATCH_SIZE % DP == 0)) ||
   die "GRPO_GLOBAL_BATCH_SIZE=${GRPO_GLOBAL_BATCH_SIZE} is not a multiple of the data-parallel size ${DP}"
@@ -121,15 +132,14 @@ fi
 require_dir "${GRPO_INIT_DIR}" "initial torch_dist checkpoint (scripts/train_rft.sh)"
 require_file "${BASE_HF_DIR}/config.json" "base model (scripts/download.sh)"
 require_dir "${SLIME_DIR}" "slime (SLIME_DIR)"
-require_user_sim
-if [[ "${GRPO_ASYNC}" == 1 ]]; then _nodes=1 _rollout_gpus="${GRPO_ASYNC_ROLLOUT_GPUS}"; else _nodes="${NUM_NODES:-1}" _rollout_gpus=$((${NUM_NODES:-1} * ACTOR_GPUS)); fi
-size_stage grpo --nodes "${ACTOR_NUM_NODES:-${_nodes}}" --gpus-per-node "${ACTOR_GPUS_PER_NODE:-${ACTOR_GPUS}}" \
-  --rollout-gpus "${ROLLOUT_NUM_GPUS:-${_rollout_gpus}}" --colocated "$((1 - GRPO_ASYNC))" --max-tokens-per-gpu "${GRPO_MAX_TOKENS_PER_GPU}" \
+require_user_sim ray
+size_stage grpo --nodes "${ACTOR_NUM_NODES}" --gpus-per-node "${ACTOR_GPUS_PER_NODE}" \
+  --rollout-gpus "${ROLLOUT_NUM_GPUS}" --colocated "$((1 - GRPO_ASYNC))" --max-tokens-per-gpu "${GRPO_MAX_TOKENS_PER_GPU}" \
   --mem-fraction "${GRPO_SGLANG_MEM_FRACTION}" --rollout-batch "${GRPO_ROLLOUT_BATCH_SIZE}" --samples "${GRPO_N_SAMPLES}"
 if [[ "${GRPO_ASYNC}" == 1 ]]; then
-  note "layout ${TAU2_GPU_LAYOUT}, asynchronous: policy on GPUs ${POLICY_GPUS}: ${ACTOR_GPUS} training (TP${TRAIN_TP} x DP${DP}), ${GRPO_ASYNC_ROLLOUT_GPUS} rollout; user simulator on ${USER_SIM_GPUS}"
+  note "layout ${TAU2_GPU_LAYOUT}, asynchronous: policy on GPUs ${POLICY_GPUS} of ${NUM_NODES} node(s): ${ACTOR_GPUS} training (TP${TRAIN_TP} x DP${DP}), ${GRPO_ASYNC_ROLLOUT_GPUS} rollout; user simulator on ${USER_SIM_GPUS}"
 else
-  note "layout ${TAU2_GPU_LAYOUT}: policy on GPUs ${POLICY_GPUS} (TP${TRAIN_TP} x DP${DP}), user simulator on ${USER_SIM_GPUS}"
+  note "layout ${TAU2_GPU_LAYOUT}: policy on GPUs ${POLICY_GPUS} of ${NUM_NODES} node(s) (TP${TRAIN_TP} x DP${DP}), user simulator on ${USER_SIM_GPUS}"
 fi
 
 # --hf-checkpoint gives SGLang its tokenizer and first weights; slime pushes the Megatron weights to the engines
@@ -206,14 +216,13 @@ if [[ "${GRPO_USE_TIS}" == 1 && "${GRPO_ALGORITHM}" == grpo ]]; then
 fi
 
 # Synchronous: train.py, rollout engines colocated with training. Asynchronous: train_async.py on split GPUs.
+mapfile -t PLACEMENT_ARGS < <(placement_flags)
 if [[ "${GRPO_ASYNC}" == 1 ]]; then
   ENTRY=train_async.py
-  PLACEMENT_ARGS=(--actor-num-nodes 1 --actor-num-gpus-per-node "${ACTOR_GPUS}"
-    --rollout-num-gpus "${GRPO_ASYNC_ROLLOUT_GPUS}" --rollout-function-path "${GRPO_ASYNC_ROLLOUT_FUNCTION}")
+  PLACEMENT_ARGS+=(--rollout-function-path "${GRPO_ASYNC_ROLLOUT_FUNCTION}")
 else
   ENTRY=train.py
-  PLACEMENT_ARGS=(--actor-num-nodes 1 --actor-num-gpus-per-node "${NUM_POLICY_GPUS}" --colocate
-    --dynamic-sampling-filter-path tau2_rl_pipeline.slime_plugins.batch.filter_groups)
+  PLACEMENT_ARGS+=(--dynamic-sampling-filter-path tau2_rl_pipeline.slime_plugins.batch.filter_groups)
 fi
 
 mapfile -t PERF_ARGS < <(perf_flags "${GRPO_MAX_TOKENS_PER_GPU}")
@@ -221,7 +230,8 @@ mapfile -t MISC_ARGS < <(misc_flags)
 mapfile -t WANDB_ARGS < <(wandb_flags "${GRPO_WANDB_GROUP}")
 mapfile -t EXTRA_ARGS < <(extra_flags)
 
-ray_start_head
+# Every node must see the checkpoint it writes and what it reads (shared storage; checked on a multi-node cluster).
+ray_cluster_up "${GRPO_CKPT_DIR}" -- "${GRPO_PROMPT_DATA}" "${GRPO_INIT_DIR}" "${BASE_HF_DIR}"
 ray_submit "${ENTRY}" \
   "${PLACEMENT_ARGS[@]}" \
   "${MODEL_ARGS[@]}" \

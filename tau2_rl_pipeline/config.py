@@ -44,7 +44,8 @@ class Tau2Config:
         "litellm model name of the user simulator (tau2's default gpt-4.1; at scale "
         "openai/Qwen/Qwen3-4B-Instruct-2507 served by scripts/start_user_sim.sh)"))
     user_api_base: str = field(default="", metadata=_meta(
-        "API base of the user simulator, e.g. http://127.0.0.1:30001/v1; empty = the provider default"))
+        "API base of the user simulator, e.g. http://127.0.0.1:30001/v1 (a router's, or several servers' "
+        "comma-separated: the async client spreads the load); empty = the provider default"))
     user_temperature: float = field(default=0.0, metadata=_meta(
         "sampling temperature of the user simulator", min_value=0.0, max_value=2.0))
     user_max_retries: int = field(default=4, metadata=_meta(

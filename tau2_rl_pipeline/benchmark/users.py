@@ -145,6 +145,10 @@ def check_llm_user(cfg: Tau2Config) -> None:
                               "blocking calls would stall: set it to 1 or more (default 64), or use the async "
                               "client with a local server (TAU2_USER_CLIENT=async)")
     if cfg.user_api_base:
+        if "," in cfg.user_api_base:
+            raise UserConfigError("TAU2_USER_API_BASE lists several servers, which only the async client spreads "
+                                  "requests over (TAU2_USER_CLIENT=async, an openai/ TAU2_USER_MODEL); for litellm "
+                                  "put them behind one router (scripts/start_router.sh) and give its URL")
         return
     import litellm
 
