@@ -11,7 +11,8 @@
 # ---- helpers ------------------------------------------------------------------------------------------------
 # A failure inside $(...) stops the script too (bash does not pass errexit into command substitutions by default).
 shopt -s inherit_errexit
-PROG="$(basename "$0")"
+# A stage script that runs another (train_rft.sh runs train_sft.sh) exports STAGE_SCRIPT, so messages name it.
+PROG="${STAGE_SCRIPT:-$(basename "$0")}"
 die() { printf '%s: error: %s\n' "${PROG}" "$*" >&2; exit 1; }
 note() { printf '%s: %s\n' "${PROG}" "$*" >&2; }
 
@@ -113,7 +114,7 @@ require_port_free() { if port_in_use "$1"; then problem "port $1 ($2) is already
 served_endpoint() {
   local base_var=$1 model_var=$2 example=$3 what=$4
   local base="${!base_var:-}" model="${!model_var:-}"
-  [[ -n "${base}" ]] || die "${base_var} is empty (provider endpoint): there is no local ${what} to serve"
+  [[ -n "${base}" ]] || die "${base_var} is empty: set ${base_var}=${example} and ${model_var}=openai/<served name> to serve a local ${what} here (empty means a provider's ${what}: nothing to serve)"
   [[ "${base}" =~ ^http://[^/:]+:([0-9]+)/v1/?$ ]] || die "${base_var}=${base} must look like ${example}"
   # shellcheck disable=SC2034  # read by the calling script
   SERVED_PORT="${BASH_REMATCH[1]}"
@@ -219,6 +220,9 @@ NUM_USER_SIM_GPUS="$(gpu_count "${USER_SIM_GPUS}")"
 export NUM_POLICY_GPUS NUM_USER_SIM_GPUS
 ((NUM_USER_SIM_GPUS % USER_SIM_TP == 0)) || die "USER_SIM_TP=${USER_SIM_TP} does not divide the ${NUM_USER_SIM_GPUS} user-simulator GPUs (${USER_SIM_GPUS})"
 unset _name _id _policy_gpus _user_sim_gpus
+# The nodes: one, a hostfile's, or a running cluster's (NUM_NODES, GPUS_PER_NODE, HOSTFILE, RAY_ADDRESS, interfaces).
+# shellcheck source=cluster.sh
+source "${SCRIPTS_DIR}/cluster.sh"
 
 # Loopback traffic (Ray job API, SGLang) must not go through a proxy.
 export no_proxy="127.0.0.1,localhost${no_proxy:+,${no_proxy}}"
@@ -254,7 +258,7 @@ apply_preset() {
   PRESET_APPLIED=1
 }
 require_uint NUM_NODES "${NUM_NODES:-1}"
-apply_preset "$((${NUM_NODES:-1} * NUM_POLICY_GPUS))"
+apply_preset "$((NUM_NODES * GPUS_PER_NODE))"
 export MODEL_ARGS_SCRIPT="${MODEL_ARGS_SCRIPT:-${SCRIPTS_DIR}/models/${MODEL_FILE}}"
 export BASE_HF_DIR="${BASE_HF_DIR:-${MODEL_DIR}/${MODEL_DIR_NAME}}"
 export BASE_TORCH_DIST_DIR="${BASE_TORCH_DIST_DIR:-${MODEL_DIR}/${MODEL_DIR_NAME}_torch_dist}"
@@ -286,7 +290,6 @@ size_stage() {
 export RAY_DASHBOARD_PORT="${RAY_DASHBOARD_PORT:-8265}"
 export RAY_GCS_PORT="${RAY_GCS_PORT:-6379}"
 export MASTER_ADDR="${MASTER_ADDR:-127.0.0.1}"
-RAY_STARTED=0
 
 source_model_args() {
   [[ -f "${MODEL_ARGS_SCRIPT}" ]] || die "model args script not found: ${MODEL_ARGS_SCRIPT}"
@@ -317,6 +320,11 @@ ray_runtime_env_json() {
     pairs+=("${name}" "${!name}")
   done < <(compgen -e | grep -E '^TAU2_' | sort)
   [[ -n "${WANDB_PROJECT:-}" ]] && pairs+=(WANDB_PROJECT "${WANDB_PROJECT}")
+  # As slime's multi-node scripts pass them; SLIME_HOST_IP is not among them (each node has its own).
+  pairs+=(MASTER_ADDR "${MASTER_ADDR}" no_proxy "${no_proxy}")
+  for name in GLOO_SOCKET_IFNAME NCCL_SOCKET_IFNAME; do
+    [[ -z "${!name:-}" ]] || pairs+=("${name}" "${!name}")
+  done
   for ((i = 0; i < ${#pairs[@]}; i += 2)); do
     item="$(json_string "${pairs[i]}"): $(json_string "${pairs[i + 1]}")"
     body+="${body:+, }${item}"
@@ -324,37 +332,33 @@ ray_runtime_env_json() {
   printf '{"env_vars": {%s}}' "${body}"
 }
 
-ray_stop_head() {
-  if [[ "${RAY_STARTED}" == 1 ]]; then
-    RAY_STARTED=0
-    run ray stop
-  fi
-}
-
-# Start a Ray head that sees only the policy GPUs, from slime's root (the job's driver and workers inherit that
-# directory); refuse to share a head that is already up (its GPUs are unknown).
+# Start a Ray head that sees only the policy GPUs, from slime's root, where ray_cluster_up went (the job's driver and
+# workers inherit that directory); refuse to share a head that is already up (its GPUs are unknown). The workers
+# (cluster.sh) join it; the EXIT trap stops them all.
 ray_start_head() {
-  enter_dir "${SLIME_DIR}"
   require_port_free "${RAY_GCS_PORT}" "Ray GCS; a Ray head already running? stop it with: ray stop"
   require_port_free "${RAY_DASHBOARD_PORT}" "Ray dashboard"
   require_gpus "${POLICY_GPUS}" "policy (slime)"
   require_tool ray "Ray ships in the slime image"
+  local temp_dir=()
+  [[ -z "${RAY_TEMP_DIR}" ]] || temp_dir=(--temp-dir "${RAY_TEMP_DIR}")
   run env CUDA_VISIBLE_DEVICES="${POLICY_GPUS}" ray start --head --node-ip-address "${MASTER_ADDR}" \
     --port "${RAY_GCS_PORT}" --num-gpus "${NUM_POLICY_GPUS}" --disable-usage-stats \
-    --dashboard-host 127.0.0.1 --dashboard-port "${RAY_DASHBOARD_PORT}"
+    --dashboard-host 127.0.0.1 --dashboard-port "${RAY_DASHBOARD_PORT}" "${temp_dir[@]}"
   RAY_STARTED=1
-  trap ray_stop_head EXIT
+  trap ray_stop_cluster EXIT
 }
 
 # Submit slime's entry point ($1: train.py or train_async.py) with the remaining arguments and wait for it.
-# The job runs slime from its own root, where ray_start_head left us, and names the entry point by its absolute path
-# (the original set Ray's working_dir to the cookbook, where train.py is not).
+# The job runs slime from its own root, where ray_cluster_up left us, and names the entry point by its absolute path
+# (the original set Ray's working_dir to the cookbook, where train.py is not); to the head this script started, or to
+# RAY_ADDRESS's.
 ray_submit() {
   local entry=$1
   shift
   local runtime_env
   runtime_env="$(ray_runtime_env_json)"
-  run ray job submit --address="http://127.0.0.1:${RAY_DASHBOARD_PORT}" \
+  run ray job submit --address="${RAY_JOBS_API}" \
     --runtime-env-json="${runtime_env}" -- "${PYTHON}" "${SLIME_DIR}/${entry}" "$@"
 }
 
@@ -409,11 +413,25 @@ extra_flags() {
   ((${#extra[@]} == 0)) || printf '%s\n' "${extra[@]}"
 }
 
-# The user simulator's OpenAI-compatible endpoint, if it is local (TAU2_USER_API_BASE non-empty).
+# Each server of a URL list (a router's URL, or several servers' comma-separated, as the clients take them) answers
+# at URL+$2. $4=ray: a client inside the Ray job, which on several nodes may run on any of them, where a loopback URL
+# names another machine: refused (unless the nodes are themselves loopback addresses of this machine).
+require_servers() {
+  local urls=$1 suffix=$2 what=$3 where=${4:-} url
+  for url in ${urls//,/ }; do
+    if [[ "${where}" == ray ]] && ((NUM_NODES > 1)) && ! cluster_on_loopback && [[ "${url}" =~ ^https?://(127\.[0-9.]+|localhost|\[::1\])(:|/|$) ]]; then
+      die "${what} at ${url} is on loopback: on ${NUM_NODES} nodes the rollout runs on any of them; give an address every node reaches (a router's: scripts/start_router.sh)"
+    fi
+    require_server "${url%/}${suffix}" "${what}"
+  done
+}
+
+# The user simulator's OpenAI-compatible endpoint(s), if local (TAU2_USER_API_BASE non-empty: a server's or a
+# router's URL, or several servers' comma-separated). $1=ray: its client runs in the Ray job.
 require_user_sim() {
   if [[ -z "${TAU2_USER_API_BASE}" ]]; then
     note "TAU2_USER_API_BASE is empty: user simulator ${TAU2_USER_MODEL} at its provider's default endpoint"
     return 0
   fi
-  require_server "${TAU2_USER_API_BASE%/}/models" "user simulator (start it with scripts/start_user_sim.sh)"
+  require_servers "${TAU2_USER_API_BASE}" /models "user simulator (start it with scripts/start_user_sim.sh)" "${1:-}"
 }

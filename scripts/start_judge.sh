@@ -28,7 +28,7 @@ JUDGE_DP=$(($(gpu_count "${JUDGE_GPUS}") / JUDGE_TP))
 require_file "${JUDGE_MODEL_PATH}/config.json" "judge model"
 require_port_free "${JUDGE_PORT}" "judge"
 require_gpus "${JUDGE_GPUS}" "judge"
-note "judge ${SERVED_NAME} on GPUs ${JUDGE_GPUS} (TP${JUDGE_TP} x DP${JUDGE_DP}), port ${JUDGE_PORT}"
+note "judge server: ${JUDGE_MODEL_PATH} served as ${SERVED_NAME} on GPUs ${JUDGE_GPUS} (TP${JUDGE_TP} x DP${JUDGE_DP}), port ${JUDGE_PORT}"
 
 launch_sglang "${JUDGE_GPUS}" "${JUDGE_MODEL_PATH}" "${JUDGE_HOST}" "${JUDGE_PORT}" "${JUDGE_TP}" "${JUDGE_DP}" \
   "${JUDGE_MEM_FRACTION}" --served-model-name "${SERVED_NAME}"

@@ -27,15 +27,16 @@ SFT_SAVE_INTERVAL="${SFT_SAVE_INTERVAL:-50}"
 
 for name in SFT_EPOCHS SFT_BATCH_SIZE SFT_SAVE_INTERVAL SFT_MAX_TOKENS_PER_GPU; do require_uint "${name}" "${!name}"; done
 for name in SFT_LR SFT_MIN_LR SFT_WARMUP_FRACTION SFT_WEIGHT_DECAY; do require_number "${name}" "${!name}"; done
-DP=$((NUM_POLICY_GPUS / (TRAIN_TP * TRAIN_PP * TRAIN_CP)))
+cluster_placement train
+DP=$((ACTOR_NUM_NODES * ACTOR_GPUS_PER_NODE / (TRAIN_TP * TRAIN_PP * TRAIN_CP)))
 ((SFT_BATCH_SIZE % DP == 0)) || die "SFT_BATCH_SIZE=${SFT_BATCH_SIZE} is not a multiple of the data-parallel size ${DP}"
 require_file "${SFT_DATA}" "SFT data (scripts/download.sh, or generate_rft.sh for RFT)"
 require_dir "${SFT_INIT_DIR}" "initial torch_dist checkpoint (scripts/convert_hf_to_megatron.sh)"
 require_file "${BASE_HF_DIR}/config.json" "base model (scripts/download.sh)"
 require_dir "${SLIME_DIR}" "slime (SLIME_DIR)"
-size_stage sft --nodes "${ACTOR_NUM_NODES:-${NUM_NODES:-1}}" --gpus-per-node "${ACTOR_GPUS_PER_NODE:-${NUM_POLICY_GPUS}}" \
+size_stage sft --nodes "${ACTOR_NUM_NODES}" --gpus-per-node "${ACTOR_GPUS_PER_NODE}" \
   --max-tokens-per-gpu "${SFT_MAX_TOKENS_PER_GPU}"
-note "layout ${TAU2_GPU_LAYOUT}: training on GPUs ${POLICY_GPUS} (TP${TRAIN_TP} x DP${DP})"
+note "layout ${TAU2_GPU_LAYOUT}: training on GPUs ${POLICY_GPUS} of ${NUM_NODES} node(s) (TP${TRAIN_TP} x DP${DP})"
 
 mapfile -t CKPT_ARGS < <(checkpoint_flags "${SFT_INIT_DIR}" "${SFT_SAVE_DIR}")
 CKPT_ARGS=(
@@ -75,11 +76,12 @@ mapfile -t PERF_ARGS < <(perf_flags "${SFT_MAX_TOKENS_PER_GPU}")
 mapfile -t MISC_ARGS < <(misc_flags)
 mapfile -t WANDB_ARGS < <(wandb_flags "${SFT_WANDB_GROUP}")
 mapfile -t EXTRA_ARGS < <(extra_flags)
+mapfile -t PLACEMENT_ARGS < <(placement_flags)
 
-ray_start_head
+# Every node must see the checkpoint it writes and what it reads (shared storage; checked on a multi-node cluster).
+ray_cluster_up "${SFT_SAVE_DIR}" -- "${SFT_DATA}" "${SFT_INIT_DIR}" "${BASE_HF_DIR}"
 ray_submit train_async.py \
-  --actor-num-nodes 1 \
-  --actor-num-gpus-per-node "${NUM_POLICY_GPUS}" \
+  "${PLACEMENT_ARGS[@]}" \
   "${MODEL_ARGS[@]}" \
   "${CKPT_ARGS[@]}" \
   "${SFT_ARGS[@]}" \
