@@ -191,6 +191,8 @@ WHY = {
 
 @dataclass(frozen=True)
 class Sheet:
+    """What size() found: parameters, bytes per training GPU and per SGLang GPU, the step's work, the refusals."""
+
     params: int
     active_params: int
     train_weights: int = 0
