@@ -39,7 +39,7 @@ source_model_args
 
 GRPO_INIT_DIR="${GRPO_INIT_DIR:-${RFT_CKPT_DIR}}"
 GRPO_PROMPT_DATA="${GRPO_PROMPT_DATA:-${TASKS_DIR}/tau2_train_all_tasks.jsonl}"
-GRPO_WANDB_GROUP="${GRPO_WANDB_GROUP:-grpo-qwen3-4b}"
+GRPO_WANDB_GROUP="${GRPO_WANDB_GROUP:-grpo-${MODEL_SHORT}}"
 # GRPO defaults (the original cookbook's): 200 rollouts of 16 tasks x 4 samples, one optimizer step per rollout.
 GRPO_NUM_ROLLOUT="${GRPO_NUM_ROLLOUT:-200}"
 GRPO_ROLLOUT_BATCH_SIZE="${GRPO_ROLLOUT_BATCH_SIZE:-16}"
@@ -50,15 +50,20 @@ GRPO_EPS_CLIP_HIGH="${GRPO_EPS_CLIP_HIGH:-0.28}"
 GRPO_KL_LOSS_TYPE="${GRPO_KL_LOSS_TYPE:-low_var_kl}"
 GRPO_KL_LOSS_COEF="${GRPO_KL_LOSS_COEF:-0.01}"
 GRPO_ENTROPY_COEF="${GRPO_ENTROPY_COEF:-0.001}"
-GRPO_LR="${GRPO_LR:-1e-6}"
 GRPO_TEMPERATURE="${GRPO_TEMPERATURE:-0.7}"
 GRPO_MAX_RESPONSE_LEN="${GRPO_MAX_RESPONSE_LEN:-4096}"   # SGLang max_new_tokens per policy turn
 GRPO_SAVE_INTERVAL="${GRPO_SAVE_INTERVAL:-20}"
-GRPO_MAX_TOKENS_PER_GPU="${GRPO_MAX_TOKENS_PER_GPU:-12288}"
-GRPO_SGLANG_MEM_FRACTION="${GRPO_SGLANG_MEM_FRACTION:-0.7}"
+# GRPO_LR, GRPO_MAX_TOKENS_PER_GPU, GRPO_SGLANG_MEM_FRACTION and ROLLOUT_GPUS_PER_ENGINE follow the model preset
+# (common.sh; for the 4B: 1e-6, 12288, 0.7, 1); RECIPE=qwen3-8b-tau2 sets the batch, turns and steps above too.
 # grpo: slime's PPO-clip policy loss; awsft: advantage-weighted SFT (tau2_rl_pipeline/slime_plugins/awsft.py, a slime
-# custom loss) on the same episodes, advantages and KL reference.
+# custom loss) on the same episodes and KL reference, each episode weighted by the recipe's w (learning/awsft.py: its
+# reward over the task's reference pass rate, which the difficulty stage writes into GRPO_PROMPT_DATA's rows,
+# normalised over the rollout batch; the reward post-process computes it when slime's args name this loss).
 GRPO_ALGORITHM="${GRPO_ALGORITHM:-grpo}"
+# How both losses average over a step (a Tau2Config field, the same on the local path): sample_mean = slime's default,
+# each episode's token mean averaged over the step's episodes (AWSFT's per-example mean); token_mean = slime's
+# --calculate-per-token-loss, every trained token weighs the same.
+TAU2_LOSS_REDUCTION="${TAU2_LOSS_REDUCTION:-sample_mean}"
 # true: drop groups whose samples all got the same reward (no GRPO signal) and sample more (a Tau2Config field).
 FILTER_ZERO_STD="$(bool_setting TAU2_FILTER_ZERO_STD "${TAU2_FILTER_ZERO_STD:-0}")"
 GRPO_ASYNC="$(bool_setting GRPO_ASYNC "${GRPO_ASYNC:-0}")"
@@ -78,6 +83,7 @@ for name in GRPO_EPS_CLIP GRPO_EPS_CLIP_HIGH GRPO_KL_LOSS_COEF GRPO_ENTROPY_COEF
 done
 require_choice GRPO_KL_LOSS_TYPE "${GRPO_KL_LOSS_TYPE}" k1 k2 k3 low_var_kl
 require_choice GRPO_ALGORITHM "${GRPO_ALGORITHM}" grpo awsft
+require_choice TAU2_LOSS_REDUCTION "${TAU2_LOSS_REDUCTION}" sample_mean token_mean
 if [[ "${GRPO_MASK_OFFPOLICY}" == 0 ]]; then
   [[ "${GRPO_ALGORITHM}" == grpo ]] ||
     die "GRPO_MASK_OFFPOLICY=0 would train turns sampled by older weights with nothing to correct them: GRPO_ALGORITHM=awsft never applies TIS; keep GRPO_MASK_OFFPOLICY=1"
@@ -97,17 +103,29 @@ if [[ "${GRPO_ASYNC}" == 1 ]]; then
     die "TAU2_FILTER_ZERO_STD=1 has no effect with GRPO_ASYNC=1: slime's fully async rollout applies no dynamic-sampling filter"
   fi
   ACTOR_GPUS=$((NUM_POLICY_GPUS - GRPO_ASYNC_ROLLOUT_GPUS))
+  apply_preset "$((${ACTOR_NUM_NODES:-1} * ${ACTOR_GPUS_PER_NODE:-${ACTOR_GPUS}}))"  # the layout of the training GPUs alone
   ((TRAIN_TP <= ACTOR_GPUS)) || TRAIN_TP="${ACTOR_GPUS}"
   ((ACTOR_GPUS % TRAIN_TP == 0)) || die "TRAIN_TP=${TRAIN_TP} does not divide the ${ACTOR_GPUS} training GPUs of GRPO_ASYNC=1"
 fi
-DP=$((ACTOR_GPUS / TRAIN_TP))
+DP=$((ACTOR_GPUS / (TRAIN_TP * TRAIN_PP * TRAIN_CP)))
 ((GRPO_GLOBAL_BATCH_SIZE % DP == 0)) ||
   die "GRPO_GLOBAL_BATCH_SIZE=${GRPO_GLOBAL_BATCH_SIZE} is not a multiple of the data-parallel size ${DP}"
-require_file "${GRPO_PROMPT_DATA}" "GRPO task index (python -m tau2_rl_pipeline.benchmark.tasks)"
+if [[ "${GRPO_PROMPT_DATA}" == "${GRPO_TASKS}" ]]; then  # what scripts/pipeline.sh passes
+  require_file "${GRPO_PROMPT_DATA}" "GRPO task index (the difficulty stage's train tasks filtered by RFT-sampling pass rate: python -m tau2_rl_pipeline.selection.difficulty)"
+else
+  require_file "${GRPO_PROMPT_DATA}" "GRPO task index (python -m tau2_rl_pipeline.benchmark.tasks)"
+fi
+if [[ "${GRPO_ALGORITHM}" == awsft ]] && ! grep -q '"reference_pass_rate"' "${GRPO_PROMPT_DATA}"; then
+  note "GRPO_ALGORITHM=awsft: no task in ${GRPO_PROMPT_DATA} has a reference_pass_rate (the difficulty stage writes it): each weight follows the batch z-score of the rewards"
+fi
 require_dir "${GRPO_INIT_DIR}" "initial torch_dist checkpoint (scripts/train_rft.sh)"
 require_file "${BASE_HF_DIR}/config.json" "base model (scripts/download.sh)"
 require_dir "${SLIME_DIR}" "slime (SLIME_DIR)"
 require_user_sim
+if [[ "${GRPO_ASYNC}" == 1 ]]; then _nodes=1 _rollout_gpus="${GRPO_ASYNC_ROLLOUT_GPUS}"; else _nodes="${NUM_NODES:-1}" _rollout_gpus=$((${NUM_NODES:-1} * ACTOR_GPUS)); fi
+size_stage grpo --nodes "${ACTOR_NUM_NODES:-${_nodes}}" --gpus-per-node "${ACTOR_GPUS_PER_NODE:-${ACTOR_GPUS}}" \
+  --rollout-gpus "${ROLLOUT_NUM_GPUS:-${_rollout_gpus}}" --colocated "$((1 - GRPO_ASYNC))" --max-tokens-per-gpu "${GRPO_MAX_TOKENS_PER_GPU}" \
+  --mem-fraction "${GRPO_SGLANG_MEM_FRACTION}" --rollout-batch "${GRPO_ROLLOUT_BATCH_SIZE}" --samples "${GRPO_N_SAMPLES}"
 if [[ "${GRPO_ASYNC}" == 1 ]]; then
   note "layout ${TAU2_GPU_LAYOUT}, asynchronous: policy on GPUs ${POLICY_GPUS}: ${ACTOR_GPUS} training (TP${TRAIN_TP} x DP${DP}), ${GRPO_ASYNC_ROLLOUT_GPUS} rollout; user simulator on ${USER_SIM_GPUS}"
 else
@@ -161,14 +179,18 @@ OPTIMIZER_ARGS=(
 )
 
 SGLANG_ARGS=(
-  --rollout-num-gpus-per-engine 1
+  --rollout-num-gpus-per-engine "${ROLLOUT_GPUS_PER_ENGINE}"
   --sglang-mem-fraction-static "${GRPO_SGLANG_MEM_FRACTION}"
 )
 
 CUSTOM_ARGS=(
   --custom-generate-function-path tau2_rl_pipeline.slime_plugins.adapter.generate
   --custom-reward-post-process-path tau2_rl_pipeline.slime_plugins.adapter.reward_post_process
+  --custom-rollout-log-function-path tau2_rl_pipeline.slime_plugins.rollout_log.log_rollout_data
 )
+if [[ "${TAU2_LOSS_REDUCTION}" == token_mean ]]; then
+  GRPO_ARGS+=(--calculate-per-token-loss)
+fi
 if [[ "${GRPO_ALGORITHM}" == awsft ]]; then
   CUSTOM_ARGS+=(--loss-type custom_loss --custom-loss-function-path tau2_rl_pipeline.slime_plugins.awsft.awsft_loss_function)
 fi

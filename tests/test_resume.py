@@ -11,12 +11,7 @@ from tau2_rl_pipeline.benchmark.prompting import render
 from tau2_rl_pipeline.benchmark.tasks import load_tasks
 from tau2_rl_pipeline.benchmark.users import ScriptedUser
 from tau2_rl_pipeline.rollout.engines import GenerateResult, SamplingParams
-from tau2_rl_pipeline.rollout.episode_loop import (
-    ABORTED,
-    COMPLETED,
-    ROLLOUT_STOPPED,
-    run_episode,
-)
+from tau2_rl_pipeline.rollout.episode_loop import ABORTED, COMPLETED, ROLLOUT_STOPPED, run_episode
 
 
 def _telecom_task():

@@ -260,6 +260,13 @@ def test_awsft_is_a_custom_loss_selected_by_the_grpo_script(dry_dir: Path) -> No
     assert "--loss-type" not in grpo_flags(dry_dir)  # default: slime's policy loss
 
 
+def test_the_loss_reduction_maps_to_slimes_per_token_flag(dry_dir: Path) -> None:
+    assert "--calculate-per-token-loss" not in grpo_flags(dry_dir)  # slime's per-sample mean, as locally
+    for algorithm in ("grpo", "awsft"):
+        assert "--calculate-per-token-loss" in grpo_flags(dry_dir, TAU2_LOSS_REDUCTION="token_mean",
+                                                          GRPO_ALGORITHM=algorithm)
+
+
 def test_grpo_plug_ins_name_functions_of_this_package(dry_dir: Path) -> None:
     """slime imports each plug-in path by name inside the Ray job; a renamed function fails only there."""
     got = grpo_flags(dry_dir, TAU2_FILTER_ZERO_STD="1", GRPO_ALGORITHM="awsft")
@@ -495,6 +502,7 @@ def test_user_sim_serves_where_the_rollout_looks(dry_dir: Path) -> None:
     ("train_grpo.sh", {"GRPO_N_SAMPLES": "0"}, "GRPO_N_SAMPLES=0 must be a positive integer"),
     ("train_grpo.sh", {"GRPO_KL_LOSS_TYPE": "kl"}, "GRPO_KL_LOSS_TYPE=kl is not one of"),
     ("train_grpo.sh", {"GRPO_ALGORITHM": "ppo"}, "GRPO_ALGORITHM=ppo is not one of: grpo awsft"),
+    ("train_grpo.sh", {"TAU2_LOSS_REDUCTION": "sum"}, "TAU2_LOSS_REDUCTION=sum is not one of: sample_mean token_mean"),
     ("train_grpo.sh", {"GRPO_GLOBAL_BATCH_SIZE": "48"}, "must divide the 64 samples"),
     ("train_grpo.sh", {"TAU2_GPU_LAYOUT": "3"}, "TAU2_GPU_LAYOUT=3 is not one of: 8, 4, 2"),
     ("train_grpo.sh", {"TAU2_FILTER_ZERO_STD": "maybe"}, "TAU2_FILTER_ZERO_STD=maybe must be true or false"),
@@ -801,8 +809,21 @@ def test_start_judge_serves_the_configured_judge_and_refuses_what_it_cannot_serv
             changed["--mem-fraction-static"], changed["--port"]) == ("/m/judge", "0.0.0.0", "2", "1", "0.3", "31002")
     assert "CUDA_VISIBLE_DEVICES=4,5" in command_with(dry_ok("start_judge.sh", tmp_path, **judge, **settings),
                                                       "sglang.launch_server")
-    for env, why in (({}, "no local judge to serve"),
+    assert "served as grader on GPUs" in default.stderr
+    for env, why in (({}, "set TAU2_JUDGE_API_BASE=http://127.0.0.1:30002/v1 and TAU2_JUDGE_MODEL=openai/<served"),
                      ({**judge, "TAU2_JUDGE_MODEL": "gpt-4.1"}, "openai/<served name>"),
                      ({**judge, "JUDGE_TP": "4", "JUDGE_GPUS": "4,5"}, "more than the judge GPUs")):
         result = run_script("start_judge.sh", tmp_path, **env)
         assert result.rc != 0 and why in result.stderr and len(result.stderr.strip().splitlines()) <= 3
+
+
+def test_a_stage_run_through_another_names_itself_and_grpo_names_where_its_tasks_come_from(tmp_path: Path) -> None:
+    """train_rft.sh runs train_sft.sh: its messages say train_rft.sh. train_grpo.sh on the difficulty stage's task
+    index (what pipeline.sh passes) says that stage makes it; on another index, the tasks command."""
+    rft = run_script("train_rft.sh", tmp_path)
+    assert rft.stderr.strip() and all(line.startswith("train_rft.sh:") for line in rft.stderr.strip().splitlines())
+    filtered = run_script("train_grpo.sh", tmp_path, GRPO_PROMPT_DATA=str(tmp_path / "out" / "nope.jsonl"),
+                          GRPO_TASKS=str(tmp_path / "out" / "nope.jsonl"))
+    assert "the difficulty stage's train tasks" in filtered.stderr, filtered.stderr
+    alone = run_script("train_grpo.sh", tmp_path, GRPO_PROMPT_DATA=str(tmp_path / "all.jsonl"))
+    assert "python -m tau2_rl_pipeline.benchmark.tasks" in alone.stderr and "difficulty" not in alone.stderr

@@ -373,7 +373,14 @@ class TransformersEngine:
         return cls(model, AutoTokenizer.from_pretrained(str(path)), device=device, seed=seed)
 
     async def generate(self, input_ids: list[int], sampling: SamplingParams) -> GenerateResult:
-        return await asyncio.to_thread(self._generate_blocking, list(input_ids), sampling)
+        # A cancelled request (Ctrl-C, a stopped run) is abandoned at its next token, and one still queued on the
+        # lock never starts: otherwise every request in flight would run to its end first, one after another.
+        abandoned = threading.Event()
+        try:
+            return await asyncio.to_thread(self._generate_blocking, list(input_ids), sampling, abandoned)
+        except asyncio.CancelledError:
+            abandoned.set()
+            raise
 
     def stop_rule(self, sampling: SamplingParams) -> StopRule:
         """The stop conditions of one request: its stop ids, the model's EOS ids, and its stop strings."""
@@ -383,7 +390,8 @@ class TransformersEngine:
                 return self.tokenizer.decode(ids, skip_special_tokens=False)
         return StopRule(frozenset(sampling.stop_token_ids) | frozenset(self.eos_token_ids), sampling.stop, decode)
 
-    def _generate_blocking(self, input_ids: list[int], sampling: SamplingParams) -> GenerateResult:
+    def _generate_blocking(self, input_ids: list[int], sampling: SamplingParams,
+                           abandoned: threading.Event | None = None) -> GenerateResult:
         import torch
 
         check_input_ids(input_ids, self.vocab_size)
@@ -398,6 +406,9 @@ class TransformersEngine:
             step_input = torch.tensor([input_ids], device=self.device)
             cache = None
             while len(output_ids) < sampling.max_new_tokens:
+                if abandoned is not None and abandoned.is_set():
+                    finish = "abort"  # nobody awaits this result any more
+                    break
                 out = self.model(input_ids=step_input, past_key_values=cache, use_cache=True)
                 cache = out.past_key_values
                 token, logprob = self._sample(out.logits[0, -1], sampling, generator)

@@ -23,21 +23,14 @@ from types import SimpleNamespace
 from typing import Any
 
 from tau2_rl_pipeline.benchmark.episode import build_environment
+from tau2_rl_pipeline.benchmark.monitors import monitors
 from tau2_rl_pipeline.benchmark.tasks import get_task, split_benchmark
-from tau2_rl_pipeline.benchmark.tau2_version import (
-    BenchmarkMismatch,
-    check_same_benchmark,
-)
+from tau2_rl_pipeline.benchmark.tau2_version import BenchmarkMismatch, check_same_benchmark
 from tau2_rl_pipeline.benchmark.users import make_user_factory
 from tau2_rl_pipeline.config import Tau2Config
 from tau2_rl_pipeline.learning.curriculum import CurriculumTracker, state_path
 from tau2_rl_pipeline.learning.judge_reward import JudgeClient, judge_trajectory
-from tau2_rl_pipeline.learning.reward import (
-    format_penalty,
-    partial_score,
-    post_process,
-    shaped_reward,
-)
+from tau2_rl_pipeline.learning.reward import format_penalty, partial_score, post_process, shaped_reward
 from tau2_rl_pipeline.rollout.abort_storm import AbortStormGuard
 from tau2_rl_pipeline.rollout.engines import SamplingParams, SGLangEngine
 from tau2_rl_pipeline.rollout.episode_loop import (
@@ -50,6 +43,7 @@ from tau2_rl_pipeline.rollout.episode_loop import (
 )
 from tau2_rl_pipeline.rollout.gc_policy import settle
 from tau2_rl_pipeline.rollout.offpolicy import mask_older_turns, versions_of
+from tau2_rl_pipeline.slime_plugins.awsft import is_awsft
 from tau2_rl_pipeline.slime_plugins.batch import scored_raw_rewards
 from tau2_rl_pipeline.slime_plugins.partial_rollout import LiveEpisodes
 
@@ -87,10 +81,14 @@ def _tokenizer(path: str):
 
 
 @functools.lru_cache(maxsize=None)
-def _engine(ip: str, port: int, concurrency: int, max_retries: int, timeout_s: float) -> SGLangEngine:
-    # The first episode of the run: what slime, torch and tau2 have loaded by now lives as long as the process
-    # (tau2_rl_pipeline/rollout/gc_policy.py: why, and the numbers).
+def _settle_gc() -> None:
+    """TAU2_SLIME_GC_POLICY=1: at the first episode, what slime, torch and tau2 have loaded lives as long as the
+    process (rollout/gc_policy.py: why, the numbers, and the cost). Off by default: the actor is slime's."""
     settle()
+
+
+@functools.lru_cache(maxsize=None)
+def _engine(ip: str, port: int, concurrency: int, max_retries: int, timeout_s: float) -> SGLangEngine:
     return SGLangEngine.from_router(ip, port, max_in_flight=concurrency, max_retries=max_retries,
                                     timeout_s=timeout_s)
 
@@ -271,6 +269,8 @@ async def generate(args, sample, sampling_params: dict[str, Any], evaluation: bo
         raise guard.tripped
     task = get_task(domain, task_id, meta["split"])
     tokenizer = _tokenizer(args.hf_checkpoint)
+    if cfg.slime_gc_policy:
+        _settle_gc()
     engine = _engine(args.sglang_router_ip, int(args.sglang_router_port), in_flight_cap(args),
                      cfg.engine_max_retries, cfg.engine_timeout_s)
     state = slime.GenerateState(args)
@@ -298,6 +298,7 @@ async def generate(args, sample, sampling_params: dict[str, Any], evaluation: bo
             logger.error("%s", storm)
             raise storm
     sample = fill_sample(sample, traj, cfg, tokenizer, top_p=sampling.return_top_p)
+    sample.metadata["monitors"] = monitors(domain, task, traj.messages, traj.termination_reason)  # rollout_log.py
     if resumes and traj.termination_reason == ROLLOUT_STOPPED and traj.live is not None:
         live_episodes(args).keep(sample, traj.live, (domain, task_id))
     return sample
@@ -343,12 +344,14 @@ def _tracker(args, cfg: Tau2Config) -> tuple[CurriculumTracker, Any]:
 
 
 def reward_post_process(args, samples) -> tuple[list[float], list[float]]:
-    """slime's custom reward post-process: (raw task rewards, group-normalized curriculum-weighted advantages)."""
+    """slime's custom reward post-process: (raw task rewards, group-normalized curriculum-weighted advantages), or,
+    when slime trains with our AWSFT loss, each sample's AWSFT weight in place of the advantage (learning/awsft.py)."""
     cfg = _config()
     cfg = replace(cfg, grpo_std_normalization=cfg.grpo_std_normalization
                   and getattr(args, "grpo_std_normalization", True))
     tracker, path = _tracker(args, cfg)
-    raw, advantages = post_process(samples, int(args.n_samples_per_prompt), cfg, tracker)
+    raw, advantages = post_process(samples, int(args.n_samples_per_prompt), cfg, tracker,
+                                   "awsft" if is_awsft(args) else "grpo")
     if path is not None:
         tracker.save(path)
     scored_raw_rewards(samples)  # what slime logs of an aborted sample: batch.py

@@ -30,12 +30,7 @@ from typing import Any
 from aiohttp import web
 
 from tau2_rl_pipeline.benchmark.actions import parse_completion
-from tau2_rl_pipeline.rollout.engines import (
-    GenerateResult,
-    SamplingParams,
-    StopRule,
-    TransformersEngine,
-)
+from tau2_rl_pipeline.rollout.engines import GenerateResult, SamplingParams, StopRule, TransformersEngine
 
 HOST = "127.0.0.1"  # loopback only: this server has no authentication
 LOOPBACK_HOSTS = ("127.0.0.1", "::1")

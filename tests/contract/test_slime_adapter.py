@@ -15,12 +15,7 @@ from tau2.data_model.simulation import RewardInfo
 from tau2_rl_pipeline.benchmark.oracle import last_write_index, replay_gold_actions
 from tau2_rl_pipeline.benchmark.tasks import load_tasks
 from tau2_rl_pipeline.config import Tau2Config
-from tau2_rl_pipeline.rollout.episode_loop import (
-    ABORTED,
-    COMPLETED,
-    TRUNCATED,
-    Trajectory,
-)
+from tau2_rl_pipeline.rollout.episode_loop import ABORTED, COMPLETED, TRUNCATED, Trajectory
 from tau2_rl_pipeline.rollout.tokens import TopPSpans
 from tau2_rl_pipeline.slime_plugins import adapter as slime_adapter
 from tau2_rl_pipeline.slime_plugins import batch
