@@ -226,7 +226,7 @@ def test_the_dynamic_filter_is_always_on(dry_dir: Path, value: str) -> None:
     """It drops all-aborted groups whatever TAU2_FILTER_ZERO_STD says (which it reads in the Ray job)."""
     got = grpo_flags(dry_dir, TAU2_FILTER_ZERO_STD=value)
     assert got["--dynamic-sampling-filter-path"] == "tau2_rl_pipeline.slime_plugins.batch.filter_groups"
-    assert got["--custom-rollout-log-function-path"] == "tau2_rl_pipeline.slime_plugins.batch.log_rollout"
+    assert got["--custom-rollout-log-function-path"] == "tau2_rl_pipeline.slime_plugins.rollout_log.log_rollout_data"
 
 
 @pytest.mark.parametrize("env, says", [
