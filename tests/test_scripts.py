@@ -517,7 +517,7 @@ def test_user_sim_serves_where_the_rollout_looks(dry_dir: Path) -> None:
     ("train_sft.sh", {"LOSS_MASK_TYPE": "llama"}, "LOSS_MASK_TYPE=llama is not one of"),
     ("train_sft.sh", {"DRY_RUN": "yes"}, "DRY_RUN=yes must be 0 or 1"),
     ("start_user_sim.sh", {"TAU2_USER_MODEL": "gpt-4.1"}, "must be openai/<served name>"),
-    ("start_user_sim.sh", {"TAU2_USER_API_BASE": ""}, "there is no local user simulator"),
+    ("start_user_sim.sh", {"TAU2_USER_API_BASE": ""}, "TAU2_USER_API_BASE is empty: set TAU2_USER_API_BASE="),
     ("download.sh", {"SEED_SOURCE": "web"}, "SEED_SOURCE=web is not one of: hub oracle"),
     ("convert_megatron_to_hf.sh", {"ITER": "last"}, "ITER=last must be an iteration number or release"),
 ])
