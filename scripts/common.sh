@@ -114,6 +114,8 @@ served_endpoint() {
   local base_var=$1 model_var=$2 example=$3 what=$4
   local base="${!base_var:-}" model="${!model_var:-}"
   [[ -n "${base}" ]] || die "${base_var} is empty (provider endpoint): there is no local ${what} to serve"
+  [[ "${base}" != *,* ]] ||
+    die "${base_var}=${base} lists several servers: start each with ${base_var} set to its own URL (the clients take the list)"
   [[ "${base}" =~ ^http://[^/:]+:([0-9]+)/v1/?$ ]] || die "${base_var}=${base} must look like ${example}"
   # shellcheck disable=SC2034  # read by the calling script
   SERVED_PORT="${BASH_REMATCH[1]}"
