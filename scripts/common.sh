@@ -115,7 +115,7 @@ served_endpoint() {
   local base="${!base_var:-}" model="${!model_var:-}"
   [[ -n "${base}" ]] || die "${base_var} is empty (provider endpoint): there is no local ${what} to serve"
   [[ "${base}" != *,* ]] ||
-    die "${base_var}=${base} lists several servers: start each with ${base_var} set to its own URL (the clients take the list)"
+    die "${base_var}=${base} lists several servers: start each one with ${base_var} set to its own URL"
   [[ "${base}" =~ ^http://[^/:]+:([0-9]+)/v1/?$ ]] || die "${base_var}=${base} must look like ${example}"
   # shellcheck disable=SC2034  # read by the calling script
   SERVED_PORT="${BASH_REMATCH[1]}"
