@@ -35,6 +35,9 @@ def resolve_checkpoint(name: str, *, tokenizer_only: bool, flag: str) -> Path:
         raise SetupError(f"{flag} {name}: is a file; pass a model directory or a hub repo id like Org/Name")
     if name.startswith((".", "/", "~")) or name.count("/") != 1:
         raise SetupError(f"{flag} {name}: no such directory, and not a hub repo id like Org/Name")
+    if path.parent.is_dir():  # outputs/nope: a local path whose folder exists, not an organisation on the hub
+        raise SetupError(f"{flag} {name}: no such directory (in {path.parent}/: "
+                         f"{', '.join(sorted(p.name for p in path.parent.iterdir() if p.is_dir())[:6]) or 'nothing'})")
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
 

@@ -66,13 +66,18 @@ class SamplingParams:
 class GenerateResult:
     """Sampled ids (a stop token stays included), the log-prob of each, and why sampling ended; what the server
     said of the request (`meta`: prompt_tokens, cached_tokens, weight_version) and, when asked for, the top-p
-    nucleus of each sampled token."""
+    nucleus of each sampled token.
+
+    An `abort` comes two ways: the server was told to stop (SGLang's `/abort_request`, or `/pause_generation` when
+    the trainer updates the weights; no error status), or it gave the request up with an error (SGLang's abort
+    carries a `status_code` then): `abort_error` holds that error's message, None for a stop."""
 
     output_ids: list[int]
     output_logprobs: list[float]
     finish_reason: str  # "stop" | "length" | "abort"
     meta: dict[str, Any] = field(default_factory=dict)
     top_p: TopPSpans | None = None
+    abort_error: str | None = None
 
 
 class EngineError(RuntimeError):
@@ -163,7 +168,11 @@ def parse_generate_response(body: Any) -> GenerateResult:
         ids.append(entry[1])
     top_p = _top_p_spans(meta, len(ids))
     kept = {k: meta[k] for k in META_KEPT if k in meta}
-    return GenerateResult(output_ids=ids, output_logprobs=logprobs, finish_reason=kind, meta=kept, top_p=top_p)
+    abort_error = None
+    if kind == "abort" and finish.get("status_code") is not None:
+        abort_error = f"HTTP {finish['status_code']}: {finish.get('message') or 'aborted'}"
+    return GenerateResult(output_ids=ids, output_logprobs=logprobs, finish_reason=kind, meta=kept, top_p=top_p,
+                          abort_error=abort_error)
 
 
 META_KEPT = ("prompt_tokens", "cached_tokens", "weight_version")  # what slime reads of meta_info, top-p aside
@@ -367,7 +376,14 @@ class TransformersEngine:
         return cls(model, AutoTokenizer.from_pretrained(str(path)), device=device, seed=seed)
 
     async def generate(self, input_ids: list[int], sampling: SamplingParams) -> GenerateResult:
-        return await asyncio.to_thread(self._generate_blocking, list(input_ids), sampling)
+        # A cancelled request (Ctrl-C, a stopped run) is abandoned at its next token, and one still queued on the
+        # lock never starts: otherwise every request in flight would run to its end first, one after another.
+        abandoned = threading.Event()
+        try:
+            return await asyncio.to_thread(self._generate_blocking, list(input_ids), sampling, abandoned)
+        except asyncio.CancelledError:
+            abandoned.set()
+            raise
 
     def stop_rule(self, sampling: SamplingParams) -> StopRule:
         """The stop conditions of one request: its stop ids, the model's EOS ids, and its stop strings."""
@@ -377,7 +393,8 @@ class TransformersEngine:
                 return self.tokenizer.decode(ids, skip_special_tokens=False)
         return StopRule(frozenset(sampling.stop_token_ids) | frozenset(self.eos_token_ids), sampling.stop, decode)
 
-    def _generate_blocking(self, input_ids: list[int], sampling: SamplingParams) -> GenerateResult:
+    def _generate_blocking(self, input_ids: list[int], sampling: SamplingParams,
+                           abandoned: threading.Event | None = None) -> GenerateResult:
         import torch
 
         check_input_ids(input_ids, self.vocab_size)
@@ -392,6 +409,9 @@ class TransformersEngine:
             step_input = torch.tensor([input_ids], device=self.device)
             cache = None
             while len(output_ids) < sampling.max_new_tokens:
+                if abandoned is not None and abandoned.is_set():
+                    finish = "abort"  # nobody awaits this result any more
+                    break
                 out = self.model(input_ids=step_input, past_key_values=cache, use_cache=True)
                 cache = out.past_key_values
                 token, logprob = self._sample(out.logits[0, -1], sampling, generator)
