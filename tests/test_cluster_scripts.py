@@ -48,7 +48,8 @@ def cluster(tmp_path: Path, nodes: int, script: str = "train_grpo.sh", **env: st
 
 def plan(result: Result) -> list[str]:
     """The plan's node lines: `<address> (<role>): <what runs there>`."""
-    return re.findall(r"^\w+\.sh:   (\S+ \(\w+\): .*)$", result.stderr, flags=re.MULTILINE)
+    return re.findall(r"^\w+\.sh:   ((?:\d+\.\d+\.\d+\.\d+|node-\d+) \((?:head|worker|node)\): .*)$", result.stderr,
+                      flags=re.MULTILINE)
 
 
 def check_job(result: Result) -> dict[str, list[str]]:
