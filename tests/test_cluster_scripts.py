@@ -14,6 +14,7 @@ import itertools
 import re
 import shutil
 import socket
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -290,3 +291,23 @@ def test_the_readmes_multi_node_command_dry_runs_as_typed(tmp_path: Path) -> Non
     result = dry("train_grpo.sh", tmp_path, **env)
     assert plan(result) == ["10.0.0.1 (head): actor ranks 0-3; SGLang engines 0-3 (1 GPU(s) each)",
                             "10.0.0.2 (worker): actor ranks 4-7; SGLang engines 4-7 (1 GPU(s) each)"]
+
+
+def test_a_worker_whose_ray_start_fails_is_named_with_its_last_line(tmp_path: Path) -> None:
+    """ray_start_workers, as the stage scripts call it, with a stand-in `ray` that fails as Ray does when the head's
+    GCS cannot be reached (the real one needs a head: tests/contract/test_ray_cluster.py)."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "ray").write_text("#!/bin/sh\necho 'Connecting to 10.0.0.1:6379'\n"
+                                "echo 'ConnectionError: could not reach the GCS at 10.0.0.1:6379' >&2\nexit 1\n")
+    (bindir / "ray").chmod(0o755)
+    driver = 'source "$1/scripts/common.sh"; ray_start_workers'
+    env = {"PATH": f"{bindir}:/usr/bin:/bin", "HOME": str(tmp_path), "TAU2_OUT_DIR": str(tmp_path / "out"),
+           "SLIME_DIR": str(tmp_path), "HOSTFILE": hostfile(tmp_path, "10.0.0.2", "10.0.0.3"), "RAY_WORKER_LAUNCH": "local",
+           **NETWORK}
+    proc = subprocess.run(["bash", "-c", driver, "train_grpo.sh", str(Path(__file__).resolve().parents[1])], env=env,
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines()[-1] == ("train_grpo.sh: error: worker 10.0.0.2 could not join the Ray "
+                                                    "cluster at 10.0.0.1:6379: ConnectionError: could not reach the GCS "
+                                                    "at 10.0.0.1:6379")
