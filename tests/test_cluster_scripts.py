@@ -311,3 +311,19 @@ def test_a_worker_whose_ray_start_fails_is_named_with_its_last_line(tmp_path: Pa
     assert proc.stderr.strip().splitlines()[-1] == ("train_grpo.sh: error: worker 10.0.0.2 could not join the Ray "
                                                     "cluster at 10.0.0.1:6379: ConnectionError: could not reach the GCS "
                                                     "at 10.0.0.1:6379")
+
+
+def test_a_head_address_of_another_node_stops_a_real_run_before_anything_starts(tmp_path: Path) -> None:
+    if not subprocess.run(["hostname", "-I"], capture_output=True, text=True, check=False).stdout.strip():
+        pytest.skip("hostname -I lists no address here")
+    out = tmp_path / "out"
+    for path in ("data/sft_seed.jsonl", "models/Qwen3-4B-Instruct-2507/config.json"):
+        (out / path).parent.mkdir(parents=True, exist_ok=True)
+        (out / path).write_text("{}\n")
+    (out / "models/Qwen3-4B-Instruct-2507_torch_dist").mkdir()
+    result = run_script("train_sft.sh", tmp_path, dry=False, SLIME_DIR=str(tmp_path),
+                        HOSTFILE=hostfile(tmp_path, "203.0.113.2"),
+                        **{**NETWORK, "MASTER_ADDR": "203.0.113.1", "SLIME_HOST_IP": "203.0.113.1"})
+    assert result.rc == 1 and not any("ray" in c for c in result.commands)
+    assert result.stderr.strip().splitlines()[-1].startswith(
+        "train_sft.sh: error: MASTER_ADDR=203.0.113.1 is not an address of this node (it has: ")
