@@ -21,7 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--backend", choices=("sglang", "local"), default="sglang",
                    help="sglang (--sglang-url) or local (--model)")
     g.add_argument("--sglang-url", default=None,
-                   help="SGLang server or router URL, or several servers' URLs comma-separated")
+                   help="SGLang server or router URL (or several, comma-separated)")
     g.add_argument("--hf-checkpoint", default=None, help="checkpoint: local dir or HF hub id (sglang: its tokenizer)")
     g.add_argument("--model", default=None, help="local backend: model directory or hub id to load")
     g = p.add_argument_group("tasks")
