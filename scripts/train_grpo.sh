@@ -204,7 +204,6 @@ fi
 if [[ "${GRPO_ALGORITHM}" == awsft ]]; then
   CUSTOM_ARGS+=(--loss-type custom_loss --custom-loss-function-path tau2_rl_pipeline.slime_plugins.awsft.awsft_loss_function)
 fi
-CUSTOM_ARGS+=(--custom-rollout-log-function-path tau2_rl_pipeline.slime_plugins.batch.log_rollout)
 if [[ "${GRPO_PARTIAL_ROLLOUT}" == 1 ]]; then
   CUSTOM_ARGS+=(--partial-rollout)
 fi
