@@ -115,6 +115,8 @@ served_endpoint() {
   local base_var=$1 model_var=$2 example=$3 what=$4
   local base="${!base_var:-}" model="${!model_var:-}"
   [[ -n "${base}" ]] || die "${base_var} is empty: set ${base_var}=${example} and ${model_var}=openai/<served name> to serve a local ${what} here (empty means a provider's ${what}: nothing to serve)"
+  [[ "${base}" != *,* ]] ||
+    die "${base_var}=${base} lists several servers: start each one with ${base_var} set to its own URL"
   [[ "${base}" =~ ^http://[^/:]+:([0-9]+)/v1/?$ ]] || die "${base_var}=${base} must look like ${example}"
   # shellcheck disable=SC2034  # read by the calling script
   SERVED_PORT="${BASH_REMATCH[1]}"
