@@ -119,7 +119,7 @@ if ((NUM_NODES > 1)); then
     _required=(SLIME_HOST_IP GLOO_SOCKET_IFNAME NCCL_SOCKET_IFNAME)
   fi
   for _name in "${_required[@]}"; do
-    [[ -n "${!_name:-}" ]] || die "${_name} is not set: a ${NUM_NODES}-node run needs it (see docs/training-at-scale.md, Beyond one node)"
+    [[ -n "${!_name:-}" ]] || die "${_name} is not set: a ${NUM_NODES}-node run needs it (see docs/multi-node.md)"
   done
   is_ipv4 "${MASTER_ADDR}" || [[ -n "${RAY_ADDRESS}" ]] || die "MASTER_ADDR=${MASTER_ADDR} must be the head's IPv4 address"
   [[ -z "${SLIME_HOST_IP:-}" ]] || is_ipv4 "${SLIME_HOST_IP}" || die "SLIME_HOST_IP=${SLIME_HOST_IP} must be an IPv4 address"

@@ -230,7 +230,7 @@ source "${SCRIPTS_DIR}/cluster.sh"
 export no_proxy="127.0.0.1,localhost${no_proxy:+,${no_proxy}}"
 export NO_PROXY="${no_proxy}"
 
-# ---- model preset and parallel layout (docs/training-at-scale.md) ----------------------------------------------
+# ---- model preset and parallel layout (docs/models-and-sizing.md) ----------------------------------------------
 # MODEL picks a preset of tau2_rl_pipeline/scale/presets.py (qwen3-1.7b, qwen3-4b-instruct-2507 [default],
 # qwen3-8b, qwen3-14b, qwen3-30b-a3b): the model, its Megatron flags (scripts/models/), and for the training world
 # (nodes x policy GPUs a node) the parallel layout (TRAIN_TP, TRAIN_PP, TRAIN_CP, TRAIN_EP, CPU_ADAM), the max
