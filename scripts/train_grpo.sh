@@ -95,6 +95,17 @@ require_dir "${GRPO_INIT_DIR}" "initial torch_dist checkpoint (scripts/train_rft
 require_file "${BASE_HF_DIR}/config.json" "base model (scripts/download.sh)"
 require_dir "${SLIME_DIR}" "slime (SLIME_DIR)"
 require_user_sim
+# The user simulator is part of the reward: with GRPO_MAX_USER_FAILURE_RATE set, training starts only when
+# GRPO_USER_QUALIFICATION (tau2-rl-qualify-user --user llm --output ... of this TAU2_USER_MODEL) shows the simulator
+# failing the oracle agent at most that often (task faults apart; docs/evaluation.md).
+GRPO_MAX_USER_FAILURE_RATE="${GRPO_MAX_USER_FAILURE_RATE:-}"
+GRPO_USER_QUALIFICATION="${GRPO_USER_QUALIFICATION:-${TAU2_OUT_DIR}/qualify/user.json}"
+if [[ -n "${GRPO_MAX_USER_FAILURE_RATE}" ]]; then
+  require_number GRPO_MAX_USER_FAILURE_RATE "${GRPO_MAX_USER_FAILURE_RATE}"
+  gate="$("${PYTHON}" -m eval.qualify --check "${GRPO_USER_QUALIFICATION}" \
+    --max-failure-rate "${GRPO_MAX_USER_FAILURE_RATE}" 2>&1)" || die "${gate#error: }"
+  note "${gate}"
+fi
 if [[ "${GRPO_ASYNC}" == 1 ]]; then
   note "layout ${TAU2_GPU_LAYOUT}, asynchronous: policy on GPUs ${POLICY_GPUS}: ${ACTOR_GPUS} training (TP${TRAIN_TP} x DP${DP}), ${GRPO_ASYNC_ROLLOUT_GPUS} rollout; user simulator on ${USER_SIM_GPUS}"
 else
