@@ -15,9 +15,8 @@ DESCRIPTION = "Pass@K evaluator: each (task, sample) is a tau2 episode, run conc
 def build_parser() -> argparse.ArgumentParser:
     p = command_parser(
         "tau2-rl-eval", DESCRIPTION,
-        epilog="Writes --output (summary JSON), <output>.episodes.jsonl (a rerun resumes it), tau2 results files "
-               "and a PNG chart. On this machine, a demo checkpoint: tau2-rl-eval --backend local --model "
-               "outputs/demo/sft --user scripted --domains mock --task-split base")
+        epilog="Writes --output, its .episodes.jsonl (resumable), tau2 results, a chart. Demo: tau2-rl-eval --backend "
+               "local --model outputs/demo/sft --user scripted --domains mock --task-split base")
     g = p.add_argument_group("policy")
     g.add_argument("--backend", choices=("sglang", "local"), default="sglang",
                    help="sglang = an SGLang server (--sglang-url); local = the in-process engine on --model")
@@ -27,7 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "its weights unless --model)")
     g.add_argument("--model", default=None, help="local backend: model directory or hub id to load")
     g.add_argument("--tokenizer", default=None, help="tokenizer dir or hub id; unset = the checkpoint's")
-    g.add_argument("--device", default="auto", help="local backend: torch device (auto: cuda if any)")
+    g.add_argument("--device", default="auto", help="local backend: torch device, cuda if any")
     g = p.add_argument_group("tasks")
     g.add_argument("--domains", default="airline,retail,telecom", help="comma-separated tau2 domains")
     g.add_argument("--task-split", default="test",
@@ -35,9 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--task-ids", default=None,
                    help="comma-separated task ids (default: all)")
     g.add_argument("--num-samples", type=int, default=4, help="episodes per task: n in pass@k / pass^k, k <= n")
-    g.add_argument("--runs", type=int, default=1,
-                   help="repeat the evaluation N times, each run its own episode seeds: mean +- sd over runs "
-                        "beside the pooled estimate (pass@k, pass^k for k <= --num-samples)")
+    g.add_argument("--runs", type=int, default=1, metavar="N", help="N runs, new seeds each: mean +- sd, pooled")
     g = p.add_argument_group("sampling (default: Qwen3-4B-Instruct-2507's recommended settings)")
     g.add_argument("--temperature", type=float, default=0.7)
     g.add_argument("--top-p", type=float, default=0.8)
@@ -55,8 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--resume", action=argparse.BooleanOptionalAction, default=True,
                    help="continue <output>.episodes.jsonl: finished episodes kept, aborted ones retried")
     g.add_argument("--compare", type=Path, default=None, metavar="BASELINE.json",
-                   help="also compare this run against a finished one over the same tasks (tau2-rl-compare BASELINE "
-                        "OUTPUT); a baseline that measures something else is refused before anything runs")
+                   help="paired test against a finished run (tau2-rl-compare)")
     add_submission_args(p)
     add_config_args(p)
     return p
