@@ -22,20 +22,25 @@ import argparse
 import asyncio
 import json
 import sys
+import time
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from tau2.utils.utils import get_now
+
 from eval.args import csv_list
 from eval.episodes_file import EpisodesFile, atomic_write_text, read_episodes, secret_values
 from eval.plan import make_plan, output_paths
+from eval.runner import episode_seed
 from eval.tau2_results import results_info, results_json, tau2_results
+from tau2_rl_pipeline.benchmark import judge
 from tau2_rl_pipeline.benchmark.episode import Episode, UserSideError, build_environment
 from tau2_rl_pipeline.benchmark.oracle import gold_actions, replay_gold_actions
 from tau2_rl_pipeline.benchmark.oracle_play import CAUSES, aplay, failure_cause, last_user_text, play
 from tau2_rl_pipeline.benchmark.tasks import TaskLookupError
-from tau2_rl_pipeline.benchmark.tau2_version import benchmark_id
+from tau2_rl_pipeline.benchmark.tau2_version import benchmark_id, needs_judge
 from tau2_rl_pipeline.benchmark.users import USER_KINDS, UserConfigError, make_user_factory
 from tau2_rl_pipeline.config import ConfigError, add_config_args, command_parser, config_from_args
 from tau2_rl_pipeline.metrics import bootstrap_ci, is_success
@@ -148,12 +153,8 @@ async def run_oracle(pending: Sequence[tuple[str, Any, int]], user_factory: Any,
                      concurrency: int) -> list[dict]:
     """Every (domain, task, sample) oracle episode, at most `concurrency` at once; a user simulator that fails for
     good (UserSideError) makes an aborted record, as in the evaluator."""
-    import time
-
-    from tau2.utils.utils import get_now
-
-    from eval.runner import episode_seed
-
+    if any(needs_judge(task) for _, task, _ in pending):
+        judge.configure(cfg)  # tau2 1.0.1's NL assertions: this run's judge, as the rollout does
     gate = asyncio.Semaphore(concurrency)
 
     async def one(domain: str, task: Any, sample: int) -> dict:
@@ -172,7 +173,7 @@ async def run_oracle(pending: Sequence[tuple[str, Any, int]], user_factory: Any,
                 else:
                     notes = await asyncio.to_thread(play, episode)
                 reward_info = await asyncio.to_thread(episode.evaluate)
-            except UserSideError as e:
+            except (UserSideError, judge.JudgeError) as e:  # infrastructure: aborted, never counted
                 error = str(e)
             return record(domain, task, sample, ep_seed, episode, notes, reward_info, error, started, get_now(),
                           time.perf_counter() - t0)
@@ -258,8 +259,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         plan = make_plan(domains, args.task_split, csv_list(args.task_ids) if args.task_ids else None,
                          args.num_samples)
         user_factory = make_user_factory(args.user, cfg)
+        if any(needs_judge(t) for ts in plan.tasks.values() for t in ts):
+            judge.check_judge(cfg)  # a remote judge without an API key: one line, before anything runs
         others = [read_episodes(output_paths(p, [])["episodes"]).values() for p in args.against]
-    except (ConfigError, TaskLookupError, UserConfigError, QualificationError, ValueError, OSError) as e:
+    except (ConfigError, TaskLookupError, UserConfigError, judge.JudgeConfigError, QualificationError, ValueError,
+            OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1 if isinstance(e, QualificationError) else 2
     records = asyncio.run(run_oracle(plan.episodes(), user_factory, cfg, args.seed, args.concurrency))
