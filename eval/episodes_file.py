@@ -25,10 +25,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from tau2_rl_pipeline.benchmark.tau2_version import (
-    BenchmarkMismatch,
-    check_same_benchmark,
-)
+from tau2_rl_pipeline.benchmark.tau2_version import BenchmarkMismatch, check_same_benchmark
 from tau2_rl_pipeline.files import atomic_write_bytes
 
 FORMAT = 1
@@ -158,7 +155,9 @@ class EpisodesFile:
         if header.get("format") != FORMAT:
             raise EpisodesFileError(f"{self.path} has format {header.get('format')!r}, expected {FORMAT}")
         try:
-            check_same_benchmark(header.get("benchmark"), self.benchmark, str(self.path))
+            stored = header.get("settings", {})
+            check_same_benchmark(header.get("benchmark"), self.benchmark, str(self.path), held=(
+                f"episodes of {stored.get('model', 'a model')} on split {stored.get('task_split', '?')}"))
         except BenchmarkMismatch as e:
             raise EpisodesFileError(f"{e}, or --no-resume to discard it") from None
         differ = settings_mismatch(header.get("settings", {}), self.settings)

@@ -31,9 +31,9 @@ import tau2_rl_pipeline  # noqa: F401  (offline litellm and quiet tau2 logging b
 from eval import backends
 from eval.args import build_parser
 from eval.backends import SetupError
-from eval.episodes_file import EpisodesFile, EpisodesFileError, Key, secret_values
 from eval.compare import check_comparable
 from eval.compare_cli import load_run
+from eval.episodes_file import EpisodesFile, EpisodesFileError, Key, secret_values
 from eval.plan import EPISODE_SETTINGS, output_paths, prepare, run_settings
 from eval.runner import run_episodes, run_episodes_on_sglang
 from eval.shards import ShardError, run_sharded
@@ -58,13 +58,7 @@ async def _evaluate(pending: Sequence[tuple[str, Any, int]], args: argparse.Name
 
 
 def _progress(console: Any, total: int, done: dict[Key, dict]) -> tuple[Any, Callable[[dict], None]]:
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-    )
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from tau2_rl_pipeline.metrics import is_success
 
@@ -117,13 +111,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
 
-    remove_stale(paths)
+    try:
+        remove_stale(paths)
+        log.open_for_append(discard=not args.resume)
+    except OSError as e:  # the folder could not be made or written after all (e.g. a read-only mount)
+        print(f"error: --output {args.output}: cannot write {e.filename or args.output}: {e.strerror or e}",
+              file=sys.stderr)
+        return 2
     t0 = time.perf_counter()
     finished = {k: r for k, r in done.items() if r["status"] != "aborted"}  # aborted ones run again
     pending = [(d, t, s) for d, t, s in plan.episodes() if (d, t.id, s) not in finished]
     planned = set(plan.keys())
-    progress, advance = _progress(Console(stderr=True), len(planned),
-                                  {k: r for k, r in finished.items() if k in planned})
+    kept = {k: r for k, r in finished.items() if k in planned}
+    if kept:
+        print(f"resuming {len(kept)}/{len(planned)} episodes from {paths['episodes']} (--no-resume starts over)",
+              file=sys.stderr, flush=True)
+    progress, advance = _progress(Console(stderr=True), len(planned), kept)
     new: list[dict] = []
 
     def on_done(rec: dict) -> None:
@@ -131,7 +134,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         new.append(rec)
         advance(rec)
 
-    log.open_for_append(discard=not args.resume)
     try:
         with progress, settled():  # the rollout's GC policy (tau2_rl_pipeline/rollout/gc_policy.py)
             if args.procs > 1:
@@ -150,7 +152,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     finally:
         log.close()
-    return finish(plan, settings, log, done, new, paths, secrets, time.perf_counter() - t0, args)
+    try:
+        return finish(plan, settings, log, done, new, paths, secrets, time.perf_counter() - t0, args)
+    except OSError as e:  # the disk filled, the folder was removed or made read-only meanwhile
+        print(f"error: writing the results failed: {e.filename or args.output}: {e.strerror or e}; the episodes are "
+              f"kept in {paths['episodes']}: rerun the same command to write them", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ it runs, and every check that can refuse the run, all before anything is written
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,35 +12,29 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from eval import backends
-from eval.args import csv_list
+from eval.args import csv_list, default_output
 from eval.backends import SetupError
 from eval.episodes_file import Key
 from eval.submission import check_submittable
 from tau2_rl_pipeline.benchmark import judge
 from tau2_rl_pipeline.benchmark.tasks import TaskLookupError, check_split, load_tasks
-from tau2_rl_pipeline.benchmark.tau2_version import (
-    VERSION,
-    benchmark_id,
-    check_retrieval_variant,
-    needs_judge,
-)
-from tau2_rl_pipeline.benchmark.users import (
-    llm_user_args,
-    make_user_factory,
-    user_client_kind,
-)
+from tau2_rl_pipeline.benchmark.tau2_version import VERSION, benchmark_id, check_retrieval_variant, needs_judge
+from tau2_rl_pipeline.benchmark.users import llm_user_args, make_user_factory, user_client_kind
 from tau2_rl_pipeline.config import Tau2Config, config_from_args
 from tau2_rl_pipeline.rollout.engines import SamplingParams
 
 
 def _safe_url(url: str | None) -> str | None:
-    """A URL without user:password@ (never write credentials into a result)."""
+    """A URL (or a comma-separated list of them) without user:password@ (never write credentials into a result)."""
     if not url:
         return url
-    parts = urlsplit(url)
-    host = parts.hostname or ""
-    netloc = host + (f":{parts.port}" if parts.port else "")
-    return urlunsplit(parts._replace(netloc=netloc))
+    safe = []
+    for one in url.split(","):
+        parts = urlsplit(one.strip())
+        host = parts.hostname or ""
+        netloc = host + (f":{parts.port}" if parts.port else "")
+        safe.append(urlunsplit(parts._replace(netloc=netloc)))
+    return ",".join(safe)
 
 
 @dataclass
@@ -155,6 +150,19 @@ def resolve_policy(args: argparse.Namespace) -> dict[str, Any]:
             "model": args.hf_checkpoint or source, "tokenizer_name": args.tokenizer or source}
 
 
+def check_output(output: Path) -> None:
+    """ValueError (one line) before any work when the summary cannot go there: a folder given, a file where a folder
+    goes, a folder not writable. Nothing is created here (a refused run writes nothing)."""
+    if output.is_dir():
+        raise ValueError(f"--output {output} is a directory; pass a file path such as {output}/passk.json")
+    existing = next(p for p in [output.parent, *output.parent.parents] if p.exists())
+    if not existing.is_dir():
+        raise ValueError(f"--output {output}: {existing} is a file, not a folder")
+    if not os.access(existing, os.W_OK | os.X_OK) or (output.exists() and not os.access(output, os.W_OK)):
+        raise ValueError(f"--output {output}: {existing} is not writable; pass --output PATH in a folder you can "
+                         "write")
+
+
 def prepare(args: argparse.Namespace) -> tuple[Plan, Tau2Config, SamplingParams, dict[str, Any]]:
     """Everything that can be checked before writing: raises ConfigError, TaskLookupError, UserConfigError,
     SetupError or ValueError, each with a one-line message."""
@@ -167,8 +175,9 @@ def prepare(args: argparse.Namespace) -> tuple[Plan, Tau2Config, SamplingParams,
         raise ValueError(f"--procs must be between 1 and --concurrency ({args.concurrency}), got {args.procs}")
     if args.procs > 1 and args.backend != "sglang":
         raise ValueError("--procs > 1 needs --backend sglang (the local engine lives in one process)")
-    if args.output.is_dir():
-        raise ValueError(f"--output {args.output} is a directory; pass a file path such as {args.output}/passk.json")
+    if args.output is None:
+        args.output = default_output(args.model or args.hf_checkpoint, args.domain_list, args.task_split)
+    check_output(args.output)
     if args.max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     SamplingParams(args.temperature, args.top_p, args.top_k, args.max_new_tokens)  # bad values: one-line error

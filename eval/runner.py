@@ -24,13 +24,7 @@ from tau2_rl_pipeline.benchmark.monitors import monitors
 from tau2_rl_pipeline.config import Tau2Config
 from tau2_rl_pipeline.learning.reward import partial_score
 from tau2_rl_pipeline.rollout.engines import SamplingParams, SGLangEngine
-from tau2_rl_pipeline.rollout.episode_loop import (
-    Trajectory,
-    episode_threads,
-    off_loop,
-    run_episode,
-    shared_executor,
-)
+from tau2_rl_pipeline.rollout.episode_loop import Trajectory, episode_threads, off_loop, run_episode, shared_executor
 
 logger = logging.getLogger("eval_passk")
 EPISODE_ERROR = "episode_error"  # termination reason of an episode that raised (recorded as aborted)

@@ -122,7 +122,7 @@ def write_submission(directory: Path, submission: Mapping[str, Any], tau2_files:
     return path
 
 def add_submission_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("leaderboard submission (tau2-bench 1.0.1; eval/submission.py)")
+    g = p.add_argument_group("leaderboard submission", "tau2-bench 1.0.1 (eval/submission.py)", more=True)
     g.add_argument("--submission", type=Path, default=None, metavar="DIR",
                    help="also write a submission directory here (submission.json + trajectories/)")
     g.add_argument("--model-organization", default="unknown", metavar="ORG", help="who developed the model")

@@ -13,7 +13,7 @@ set -euo pipefail
 # shellcheck source-path=SCRIPTDIR source=common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
-JUDGE_MODEL_PATH="${JUDGE_MODEL_PATH:-${BASE_HF_DIR}}"
+JUDGE_MODEL_PATH="${JUDGE_MODEL_PATH:-${USER_SIM_HF_DIR}}"
 JUDGE_HOST="${JUDGE_HOST:-127.0.0.1}"
 JUDGE_GPUS="${JUDGE_GPUS:-${USER_SIM_GPUS}}"
 JUDGE_TP="${JUDGE_TP:-1}"
@@ -28,7 +28,7 @@ JUDGE_DP=$(($(gpu_count "${JUDGE_GPUS}") / JUDGE_TP))
 require_file "${JUDGE_MODEL_PATH}/config.json" "judge model"
 require_port_free "${JUDGE_PORT}" "judge"
 require_gpus "${JUDGE_GPUS}" "judge"
-note "judge ${SERVED_NAME} on GPUs ${JUDGE_GPUS} (TP${JUDGE_TP} x DP${JUDGE_DP}), port ${JUDGE_PORT}"
+note "judge server: ${JUDGE_MODEL_PATH} served as ${SERVED_NAME} on GPUs ${JUDGE_GPUS} (TP${JUDGE_TP} x DP${JUDGE_DP}), port ${JUDGE_PORT}"
 
 launch_sglang "${JUDGE_GPUS}" "${JUDGE_MODEL_PATH}" "${JUDGE_HOST}" "${JUDGE_PORT}" "${JUDGE_TP}" "${JUDGE_DP}" \
   "${JUDGE_MEM_FRACTION}" --served-model-name "${SERVED_NAME}"

@@ -5,6 +5,9 @@ import sys as _sys
 
 # litellm fetches a model cost map from the network at import unless told not to (offline machines hang).
 _os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+# transformers draws a progress bar per checkpoint load (it reads this when imported): every evaluation and stage
+# loads one, and the bars buried the run's own lines. Set it to 0 to see them.
+_os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 
 def _quiet_tau2_logging() -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import uuid
 from pathlib import Path
 
 
@@ -29,3 +30,14 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
         os.fsync(dir_fd)  # the rename itself survives a crash
     finally:
         os.close(dir_fd)
+
+
+def staging_dir(out: str | os.PathLike) -> Path:
+    """A new empty folder beside `out` to write a directory into before renaming it to `out` (parents made). A
+    plain mkdir, so it gets the permissions the umask gives (mkdtemp's 0700 left checkpoints unreadable to other
+    users and to containers running as another uid); the random name keeps concurrent writers apart."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = out.parent / f".{out.name}.{uuid.uuid4().hex[:12]}"
+    staging.mkdir()
+    return staging

@@ -10,13 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tau2_rl_pipeline.config import (
-    ConfigError,
-    Tau2Config,
-    add_config_args,
-    config_from_args,
-    env_var,
-)
+from tau2_rl_pipeline.config import ConfigError, Tau2Config, add_config_args, config_from_args, env_var
 
 ROOT = Path(__file__).resolve().parents[1]
 TEMPLATE = ROOT / "configs" / ".env.template"
@@ -176,3 +170,22 @@ def test_the_other_known_variables_are_the_templates_other_section():
 def test_new_recipe_settings_are_checked(environ, says):
     with pytest.raises(ConfigError, match=says):
         Tau2Config.from_env(environ)
+
+
+def test_help_shows_the_first_run_options_and_help_all_every_one(capsys, monkeypatch) -> None:
+    """--help stays one screen (30 lines at 100 columns): groups marked more=True show under --help-all only, and
+    --help says so."""
+    monkeypatch.setenv("COLUMNS", "100")
+    from eval.args import build_parser as eval_parser
+    from tau2_rl_pipeline.local.pipeline import build_parser as demo_parser
+
+    for build, first, tuning in ((demo_parser, "--domain", "--grpo-steps"), (eval_parser, "--model", "--top-p")):
+        parser = build()
+        short, full = parser.format_help(), None
+        with pytest.raises(SystemExit):
+            parser.parse_args(["--help-all"])
+        full = capsys.readouterr().out
+        assert first in short and tuning not in short and "--help-all also lists" in short
+        assert first in full and tuning in full and "--help-all also lists" not in full
+        assert len(short.splitlines()) <= 30, short
+        assert parser.parse_args([tuning, "1"]) is not None  # hidden from --help, still accepted

@@ -29,6 +29,7 @@ from task_sample import representative
 from tau2.data_model.simulation import Results
 from tau2.metrics.agent_metrics import compute_metrics
 
+from eval.args import build_parser, default_output
 from eval.episodes_file import (
     EpisodesFile,
     EpisodesFileError,
@@ -171,6 +172,7 @@ def test_a_resumed_run_retries_aborted_episodes_and_keeps_one_line_each(mock_run
     lines.write_text("\n".join([header, *kept, json.dumps(victim)]) + "\n")
     rc, _, err = run_cli("--backend", "local", "--model", str(tiny_small_dir), *SMALL, "--output", str(summary))
     assert rc == 0, err
+    assert f"resuming {2 * N_MOCK - 1}/{2 * N_MOCK} episodes from {lines}" in err  # the aborted one runs again
     result = json.loads(summary.read_text())
     assert result["episodes"]["ran_this_invocation"] == 1 and result["episodes"]["aborted"] == []
     again = episode_lines(lines)
@@ -488,6 +490,37 @@ def test_setup_errors_are_one_line_and_write_nothing(case: str, tiny_small_dir: 
     rc, out, err = run_cli(*argv, "--output", str(out_dir / "run.json"))
     assert rc == 2 and err.startswith("error: ") and err.count("\n") == 1 and expect in err, err
     assert out == "" and not out_dir.exists()
+
+
+@pytest.mark.parametrize("where", ["a_folder", "under_a_file", "proc"])
+def test_an_output_that_cannot_be_written_is_one_line(where: str, tiny_small_dir: Path, tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("x")
+    output, expect = {"a_folder": (tmp_path, "is a directory"),
+                      "under_a_file": (tmp_path / "file" / "run.json", f"{tmp_path / 'file'} is a file, not a folder"),
+                      "proc": (Path("/proc/tau2-eval-test/run.json"), "cannot write")}[where]
+    rc, out, err = run_cli("--backend", "local", "--model", str(tiny_small_dir), *SMALL, "--task-ids", MOCK_IDS[0],
+                           "--num-samples", "1", "--output", str(output))
+    assert rc == 2 and err.startswith(f"error: --output {output}") and err.count("\n") == 1 and expect in err, err
+
+
+def test_the_default_output_is_one_per_checkpoint_domains_and_split() -> None:
+    """Two evaluations with the defaults never share (and so never refuse) each other's files."""
+    assert default_output("outputs/demo/sft", ["mock"], "base") == Path("outputs/eval/demo-sft.mock.base.json")
+    assert default_output("Qwen/Qwen3-4B", ["airline", "retail"], "test") == Path(
+        "outputs/eval/Qwen-Qwen3-4B.airline+retail.test.json")
+    assert default_output("outputs/demo-airline/rft", ["airline"], "test") != default_output(
+        "outputs/demo/rft", ["airline"], "test")
+    assert build_parser().parse_args([]).output is None
+
+
+def test_a_path_whose_folder_exists_is_no_hub_id(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--model outputs/nope (a typo in a local path) says the folder has no such directory, not `hf download`."""
+    from eval.backends import SetupError, resolve_checkpoint
+
+    (tmp_path / "outputs" / "demo").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SetupError, match=r"^--model outputs/nope: no such directory \(in outputs/: demo\)$"):
+        resolve_checkpoint("outputs/nope", tokenizer_only=False, flag="--model")
 
 
 def test_hub_ids_resolve_from_the_offline_cache_or_fail_in_one_line(tiny_small_dir: Path, tmp_path: Path) -> None:

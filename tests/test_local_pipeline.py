@@ -17,21 +17,11 @@ from pathlib import Path
 import pytest
 
 from tau2_rl_pipeline.benchmark.tasks import load_tasks
-from tau2_rl_pipeline.benchmark.tau2_version import (
-    V1,
-    VERSION,
-    BenchmarkMismatch,
-    task_set_hash,
-)
+from tau2_rl_pipeline.benchmark.tau2_version import V1, VERSION, BenchmarkMismatch, task_set_hash
 from tau2_rl_pipeline.config import Tau2Config, config_from_args
 from tau2_rl_pipeline.local.demo_report import grpo_summary, summary_lines, write_charts
 from tau2_rl_pipeline.local.grpo import GrpoProgress, GrpoSettings, grpo_stage
-from tau2_rl_pipeline.local.pipeline import (
-    build_parser,
-    main,
-    run_benchmark,
-    stage_settings,
-)
+from tau2_rl_pipeline.local.pipeline import build_parser, default_out, main, run_benchmark, stage_settings
 from tau2_rl_pipeline.local.stage_book import RUN, SKIP, StageBook, StaleOutputError
 
 BENCHMARK = {"tau2_version": "0.0", "task_set_hash": "0" * 16}  # any: the book only records and compares it
@@ -86,13 +76,45 @@ def test_the_book_skips_resumes_redoes_and_refuses(tmp_path: Path) -> None:
         StageBook(out, BENCHMARK).plan("rft", {"epochs": 3}, [out / "rft"])
 
 
-def test_output_without_a_record_is_refused_in_one_line(tmp_path: Path, capsys) -> None:
-    """An output directory written by an older version (no stages.json) is refused, never reused or relabelled."""
-    (tmp_path / "demo" / "sft").mkdir(parents=True)
+@pytest.mark.parametrize("held", [["sft"], ["passk.json", "passk.png"]])
+def test_output_without_a_record_is_refused_in_one_line(tmp_path: Path, capsys, held: list[str]) -> None:
+    """An output directory written by an older version (no stages.json), or holding anything else (say the
+    evaluator's outputs/eval), is refused, never reused, relabelled or written beside."""
+    for name in held:
+        (tmp_path / "demo" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "demo" / name).mkdir() if "." not in name else (tmp_path / "demo" / name).write_text("{}")
     assert main(["--out", str(tmp_path / "demo")]) == 2
     lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
-    assert len(lines) == 1 and "no record of the settings" in lines[0] and "sft" in lines[0], lines
-    assert sorted(p.name for p in (tmp_path / "demo").iterdir()) == ["sft"]  # nothing built or written
+    assert len(lines) == 1 and lines[0] == (f"error: {tmp_path / 'demo'} holds other files ({', '.join(held)}) and "
+                                            "no record of a demo run: pass --out DIR with a new or empty folder"), lines
+    assert sorted(p.name for p in (tmp_path / "demo").iterdir()) == held  # nothing built or written
+
+
+def test_another_domains_run_is_refused_in_words_and_each_domain_has_its_own_default(tmp_path: Path,
+                                                                                     capsys) -> None:
+    """`tau2-rl-demo --domain airline` after the mock demo: by default it goes to its own folder; pointed at the
+    mock demo's, the refusal says what that folder holds (no hashes) and what to do."""
+    out = tmp_path / "demo"
+    mock = run_benchmark("mock", "base", "base", Tau2Config.from_env({}).retrieval_variant)
+    book = StageBook(out, mock)
+    book.plan("base", settings_for()["base"], [])
+    book.plan("eval base", settings_for()["eval base"], [])
+    assert main(["--domain", "airline", "--out", str(out)]) == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert lines == [f"error: {out} holds the demo run on mock (evaluated on base) on another task set than this "
+                     "run's: pass --out DIR to keep it and run this one beside it"], lines
+    assert build_parser().parse_args(["--domain", "airline"]).out is None
+    assert default_out("mock") == Path("outputs/demo") and default_out("airline") == Path("outputs/demo-airline")
+
+
+@pytest.mark.parametrize("where", ["under_a_file", "proc"])
+def test_an_unwritable_out_is_one_line(tmp_path: Path, capsys, where: str) -> None:
+    (tmp_path / "file").write_text("x")
+    out = {"under_a_file": tmp_path / "file" / "demo", "proc": Path("/proc/tau2-demo-test/demo")}[where]
+    assert main(["--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith(f"error: --out {out}: cannot write") and "Traceback" not in err
 
 
 def test_an_unfinished_run_on_another_tau2_is_refused_in_one_line(tmp_path: Path, capsys) -> None:
@@ -108,7 +130,7 @@ def test_an_unfinished_run_on_another_tau2_is_refused_in_one_line(tmp_path: Path
     recorded = (out / "stages.json").read_text()
     assert main(["--out", str(out)]) == 2
     lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith(f"error: {out / 'stages.json'} was produced with tau2 "
+    assert len(lines) == 1 and lines[0].startswith(f"error: {out} was produced with tau2 "
                                                    f"{other['tau2_version']}, this run uses tau2 {VERSION}"), lines
     assert sorted(p.name for p in out.iterdir()) == ["sft", "stages.json"]  # nothing built, nothing removed
     assert (out / "stages.json").read_text() == recorded
@@ -254,5 +276,11 @@ def test_the_report_counts_grpo_steps_with_signal_and_charts_them(tmp_path: Path
             summary["episodes"]) == (3, 2, 9, 5, 72)
     report = {"domain": "mock", "stages": {}, "grpo": summary}
     assert summary_lines(report) == ["GRPO: 2/3 steps with signal (5/9 groups, 72 episodes)"]
+    row = {"k": 4, "pass@1": {"value": 0.75}, "pass@4": {"value": 0.778}, "mean_partial": {"value": 0.66}}
+    same = {**report, "stages": {"rft": row, "grpo": dict(row)}}
+    assert summary_lines(same)[-1] == ("GRPO changed nothing measurable: its row equals RFT's on every metric "
+                                       "(its updates flipped no evaluated episode)")
+    moved = {**report, "stages": {"rft": row, "grpo": {**row, "pass@1": {"value": 0.722}}}}
+    assert summary_lines(moved) == summary_lines(report)  # a difference: the paired comparison's to judge
     (chart,) = write_charts(report, tmp_path)
     assert chart.name == "grpo_reward.png" and chart.stat().st_size > 0

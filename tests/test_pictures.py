@@ -28,7 +28,7 @@ BIN = Path(sys.executable).parent
 # what pyproject's [project.scripts] installed
 CONSOLE_SCRIPTS = {ep.name: ep.value for ep in distribution("tau2_rl_pipeline").entry_points
                    if ep.group == "console_scripts"}
-SCREEN_LINES = 60  # --help at 100 columns
+SCREEN_LINES = 30  # --help at 100 columns: one screen; the rest behind --help-all
 
 
 def entry(value: float, n_tasks: int = 9, n_episodes: int = 36) -> dict:
@@ -145,6 +145,25 @@ def test_bench_chart_reads_every_p_table_of_the_bench_readme(tmp_path: Path) -> 
         bench_chart.render(renamed, tmp_path / "bench.png")
 
 
+def test_bench_labels_carry_no_lab_notebook_notes() -> None:
+    """bench/README.md's rows note clock times and commits for the record; the chart's labels leave them out."""
+    text = (ROOT / "bench" / "README.md").read_text()
+    assert re.search(r"\(\d{1,2}:\d{2}", text) and re.search(r"\b[0-9a-f]{7}\b", text)  # the README has them
+    labels = [r.label for spec in bench_chart.SPECS for r in bench_chart.bench_rows(text, spec)]
+    assert not [lab for lab in labels if re.search(r"\d{1,2}:\d{2}|\b[0-9a-f]{7,40}\b|\(\s*\)|main at", lab)]
+    assert "28. quiet, as shipped now (TAU2_EPISODE_WORKERS auto = 0 for the async user), the default command" in labels
+
+
+def test_pictures_go_to_the_users_folder_unless_public_is_asked() -> None:
+    from tau2_rl_pipeline.pictures.__main__ import PUBLIC, build_parser, out_dir
+
+    assert out_dir(build_parser().parse_args([])) == Path("outputs/pictures")
+    assert out_dir(build_parser().parse_args(["--out", "x"])) == Path("x")
+    assert out_dir(build_parser().parse_args(["--public"])) == PUBLIC == ROOT / "public"
+    with pytest.raises(ValueError, match="drop --out"):
+        out_dir(build_parser().parse_args(["--public", "--out", "x"]))
+
+
 # ---- the whole command ------------------------------------------------------------------------------------------
 def test_pictures_regenerate_from_a_fresh_shell(pictures: Path) -> None:
     for name in ("pipeline.png", "demo_stages.png", "bench.png"):
@@ -157,7 +176,7 @@ def test_checked_in_pictures_are_the_ones_the_command_writes(pictures: Path) -> 
     assert {p.name for p in public.glob("*.png")} == {"pipeline.png", "demo_stages.png", "bench.png"}
     for name in ("pipeline.png", "bench.png"):  # drawn from the scripts and bench/README.md as they are now
         assert (pictures / name).read_bytes() == (public / name).read_bytes(), \
-            f"public/{name} is out of date: run .venv/bin/tau2-rl-pictures and commit public/"
+            f"public/{name} is out of date: run .venv/bin/tau2-rl-pictures --public and commit public/"
     stage_chart.stage_metrics(json.loads((public / "demo_report.json").read_text()))
     readme = (ROOT / "README.md").read_text()
     assert all(f"public/{name}" in readme for name in ("pipeline.png", "demo_stages.png", "bench.png"))
@@ -182,7 +201,10 @@ def test_console_scripts_help_fits_one_screen_from_a_fresh_shell(tmp_path: Path)
         assert proc.returncode == 0, (name, proc.stderr)
         assert proc.stdout.startswith(f"usage: {name} "), proc.stdout[:200]
         assert len(proc.stdout.splitlines()) <= SCREEN_LINES, f"{name} --help is {len(proc.stdout.splitlines())} lines"
-        helps[name] = proc.stdout
+        everything = fresh_shell(f"{shlex.quote(str(BIN / name))} --help-all", tmp_path)
+        assert everything.returncode == 0 and len(everything.stdout) >= len(proc.stdout), (name, everything.stderr)
+        config = fresh_shell(f"{shlex.quote(str(BIN / name))} --help-config", tmp_path)  # TAU2_* flags, if any
+        helps[name] = everything.stdout + (config.stdout if config.returncode == 0 else "")
     for cmd in commands:  # every flag the README gives a console script is one it has
         name = Path(cmd[0]).name
         flags = {tok.split("=")[0] for tok in cmd[1:] if tok.startswith("--")}

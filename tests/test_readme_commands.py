@@ -39,7 +39,7 @@ def test_local_commands_run_in_the_virtual_environment() -> None:
 
 
 def test_the_tau2_results_file_name_is_the_one_the_evaluator_writes() -> None:
-    written = output_paths(Path("outputs/eval/passk.json"), ["airline"])["tau2"]["airline"]
+    written = output_paths(Path("outputs/eval/qwen3-4b.json"), ["airline"])["tau2"]["airline"]
     assert f"`{written}`" in README and "`<output stem>.<domain>.tau2.json`" in README
 
 

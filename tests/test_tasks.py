@@ -6,12 +6,7 @@ import sys
 
 import pytest
 
-from tau2_rl_pipeline.benchmark.tasks import (
-    TaskLookupError,
-    get_task,
-    load_tasks,
-    write_task_index,
-)
+from tau2_rl_pipeline.benchmark.tasks import TaskLookupError, get_task, load_tasks, write_task_index
 from tau2_rl_pipeline.benchmark.tau2_version import V1, VERSION, task_set_hash
 
 
@@ -73,3 +68,14 @@ def test_cli_is_compatible_with_the_original(tmp_path):
     assert bad.returncode == 2
     assert bad.stderr.strip().splitlines()[-1] == ("error: unknown domain 'hotel'; valid domains: airline, retail, "
                                                    "telecom, mock")
+
+
+@pytest.mark.parametrize("where", ["under_a_file", "proc"])
+def test_an_unwritable_local_dir_is_one_line(tmp_path, capsys, where):
+    from tau2_rl_pipeline.benchmark.tasks import main
+
+    (tmp_path / "file").write_text("x")
+    local_dir = {"under_a_file": tmp_path / "file" / "tasks", "proc": "/proc/tau2-tasks-test"}[where]
+    assert main(["--local-dir", str(local_dir), "--domains", "mock", "--splits", "base"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: --local-dir {local_dir}: cannot write") and err.count("\n") == 1, err

@@ -18,14 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import tau2_rl_pipeline  # noqa: F401  (quiet logging, offline litellm before tau2 loads)
-from tau2_rl_pipeline.benchmark.tau2_version import (
-    DOMAINS,
-    SPLITS,
-    TASK_SETS,
-    UNSUPPORTED,
-    VERSION,
-    task_set_hash,
-)
+from tau2_rl_pipeline.benchmark.tau2_version import DOMAINS, SPLITS, TASK_SETS, UNSUPPORTED, VERSION, task_set_hash
 from tau2_rl_pipeline.config import command_parser
 from tau2_rl_pipeline.files import atomic_write_bytes
 
@@ -153,6 +146,10 @@ def main(argv: list[str] | None = None) -> int:
         counts = write_task_index(args.local_dir, _csv(args.domains), _csv(args.splits))
     except TaskLookupError as e:
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # not writable, a file where the folder goes: one line, no traceback
+        print(f"error: --local-dir {args.local_dir}: cannot write {e.filename or args.local_dir}: {e.strerror or e}",
+              file=sys.stderr)
         return 2
     for name, n in counts.items():
         print(f"{n:5d}  {Path(args.local_dir) / name}")

@@ -114,10 +114,7 @@ def retrieval_needs(variant: str) -> list[str]:
     """What a retrieval variant needs beyond this package, read from tau2's own variant definition: the API keys of
     the services its embeddings and LLM reranker call over the network, the `srt` sandbox binary of its shell
     tool, `rank_bm25` (tau2's `knowledge` extra) for BM25. RetrievalVariantError for an unknown name."""
-    from tau2.domains.banking_knowledge.retrieval import (
-        RETRIEVAL_VARIANTS,
-        resolve_variant,
-    )
+    from tau2.domains.banking_knowledge.retrieval import RETRIEVAL_VARIANTS, resolve_variant
 
     try:
         return _needs(resolve_variant(variant))
@@ -272,18 +269,16 @@ def benchmark_id(tasks: Mapping[str, Sequence["Task"]],
 
 
 def check_same_benchmark(stored: Mapping[str, Any] | None, current: Mapping[str, Any], what: str,
-                         remedy: str = "use another output") -> None:
+                         remedy: str = "use another output", held: str | None = None) -> None:
     """Raise BenchmarkMismatch (one line, ending with `remedy`) when `stored` was produced on another tau2 version or
-    task set."""
+    task set. `held` says in words what `what` holds (a user reads "the demo run on mock", not two hashes)."""
     stored = stored or {}
     if stored.get("tau2_version") != current["tau2_version"]:
         raise BenchmarkMismatch(
             f"{what} was produced with tau2 {stored.get('tau2_version') or 'unknown'}, this run uses tau2 "
             f"{current['tau2_version']}: results of two tau2 versions are not comparable; {remedy}")
     if stored.get("task_set_hash") != current["task_set_hash"]:
-        raise BenchmarkMismatch(
-            f"{what} was produced on another task set (hash {stored.get('task_set_hash')} vs "
-            f"{current['task_set_hash']}): {remedy}")
+        raise BenchmarkMismatch(f"{what} holds {held or 'results'} on another task set than this run's: {remedy}")
     if stored.get("retrieval_variant") != current.get("retrieval_variant"):
         raise BenchmarkMismatch(
             f"{what} was produced with banking_knowledge's retrieval variant {stored.get('retrieval_variant')}, this "

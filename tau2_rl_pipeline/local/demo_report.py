@@ -118,6 +118,9 @@ def summary_lines(report: dict) -> list[str]:
         if policy:
             lines.append(f"{algorithm.upper()}: {policy['steps_with_signal']}/{policy['steps']} steps with signal "
                          f"({policy['groups_with_signal']}/{policy['groups']} groups, {policy['episodes']} episodes)")
+            if same_numbers(report["stages"].get("rft"), report["stages"].get(algorithm)):
+                lines.append(f"{algorithm.upper()} changed nothing measurable: its row equals RFT's on every metric "
+                             "(its updates flipped no evaluated episode)")
     return lines
 
 
@@ -149,3 +152,11 @@ def stage_verdicts(report: dict) -> list[str]:
         lines += ([f"{b} vs {a}: no paired comparison ({result['error']})"] if "error" in result
                   else verdict_lines(a, b, result))
     return lines
+
+
+def same_numbers(a: dict | None, b: dict | None) -> bool:
+    """Two stages' rows hold the same value for every metric (the CIs follow from the same episodes' outcomes)."""
+    if not a or not b:
+        return False
+    names = [n for n in a if isinstance(a[n], dict) and "value" in a[n]]
+    return bool(names) and all(isinstance(b.get(n), dict) and b[n]["value"] == a[n]["value"] for n in names)

@@ -30,12 +30,7 @@ from pathlib import Path
 from rich.console import Console
 
 from tau2_rl_pipeline.benchmark import judge
-from tau2_rl_pipeline.benchmark.tasks import (
-    DOMAINS,
-    TaskLookupError,
-    check_split,
-    load_tasks,
-)
+from tau2_rl_pipeline.benchmark.tasks import DOMAINS, TaskLookupError, check_split, load_tasks
 from tau2_rl_pipeline.benchmark.tau2_version import (
     BenchmarkMismatch,
     RetrievalVariantError,
@@ -43,15 +38,9 @@ from tau2_rl_pipeline.benchmark.tau2_version import (
     check_retrieval_variant,
     needs_judge,
 )
-from tau2_rl_pipeline.config import (
-    ConfigError,
-    Tau2Config,
-    add_config_args,
-    command_parser,
-    config_from_args,
-)
+from tau2_rl_pipeline.config import ConfigError, Tau2Config, add_config_args, command_parser, config_from_args
 from tau2_rl_pipeline.files import atomic_write_bytes
-from tau2_rl_pipeline.learning.sft_data import oracle_demonstrations
+from tau2_rl_pipeline.learning.oracle_demos import oracle_demonstrations
 from tau2_rl_pipeline.local.demo_report import (
     ALGORITHMS,
     grpo_summary,
@@ -64,20 +53,17 @@ from tau2_rl_pipeline.local.demo_report import (
 )
 from tau2_rl_pipeline.local.grpo import GrpoSettings, difficulty_task_ids, grpo_stage
 from tau2_rl_pipeline.local.stage_book import SKIP, StageBook, StaleOutputError
-from tau2_rl_pipeline.local.trainer import (
-    LocalTrainer,
-    TrainConfig,
-    sft_example_from_chat,
-)
+from tau2_rl_pipeline.local.trainer import SFT_SAVE_EVERY_S, LocalTrainer, TrainConfig, sft_example_from_chat
 from tau2_rl_pipeline.selection.rft import select_rft
 
 DEMO_MAX_TURNS = 8  # unless --max-turns or TAU2_MAX_TURNS say otherwise: mock tasks take 2-3 policy turns
 DEMO_TASK_SAMPLER = "learning_value"  # unless --task-sampler or TAU2_TASK_SAMPLER say otherwise (see main)
 # Config fields that change how fast episodes run, or the LLM user the scripted user replaces, never an outcome.
 NOT_OUTCOME = {"episode_workers", "fast_env", "user_model", "user_api_base", "user_temperature", "user_max_retries",
-               "user_timeout_s", "user_strategy", "user_strategy_max_checks", "curriculum_state_path"}
+               "user_timeout_s", "user_strategy", "user_strategy_max_checks", "curriculum_state_path",
+               "slime_gc_policy"}
 # Config fields only the policy stage reads (its task band, the judge reward): they redo it, not RFT or evaluations.
-POLICY_ONLY = {"grpo_min_pass_rate", "grpo_max_pass_rate", "use_judge", "judge_weight"}
+POLICY_ONLY = {"grpo_min_pass_rate", "grpo_max_pass_rate", "use_judge", "judge_weight", "loss_reduction"}
 console = Console(stderr=True)
 
 
@@ -101,11 +87,7 @@ def prepare_model(args, out: Path) -> Path:
         return Path(args.model)
     from transformers import AutoTokenizer
 
-    from tau2_rl_pipeline.testing.tiny_model import (
-        build_tiny_qwen3,
-        domain_corpus,
-        train_small_tokenizer,
-    )
+    from tau2_rl_pipeline.testing.tiny_model import build_tiny_qwen3, domain_corpus, train_small_tokenizer
 
     if args.tokenizer:
         tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
@@ -121,16 +103,22 @@ def train_config(args, out: Path, lr: float, epochs: int = 1) -> TrainConfig:
                        wandb_project=args.wandb_project)
 
 
+def resume_dir(dest: Path) -> Path:
+    """Where SFT training into `dest` keeps its state until `dest` is saved (a rerun continues from it)."""
+    return dest.with_name(dest.name + ".resume")
+
+
 def sft_stage(args, start: Path, rows: list[dict], dest: Path, out: Path, lr: float, epochs: int) -> dict:
     if dest.exists():  # saved by a run stopped before it recorded the result: trained again for its numbers
         shutil.rmtree(dest)
     trainer = LocalTrainer(start, train_config(args, out, lr, epochs))
     examples = [sft_example_from_chat(trainer.tokenizer, row["messages"], row.get("tools")) for row in rows]
     before = trainer.evaluate(examples)
-    trainer.sft(examples)
+    trainer.sft(examples, resume_dir=resume_dir(dest))  # resumes a stopped run's last saved step
     after = trainer.evaluate(examples)
     trainer.save(dest)
     trainer.close()
+    shutil.rmtree(resume_dir(dest), ignore_errors=True)
     return {"examples": len(examples), "loss_before": before, "loss_after": after}
 
 
@@ -193,28 +181,27 @@ def rft_stage(args, sft_dir: Path, out: Path, split: str) -> tuple[list[dict], d
 def build_parser() -> argparse.ArgumentParser:
     p = command_parser(
         "tau2-rl-demo", __doc__.split("\n\n")[0],
-        epilog="Writes <out>/report.json (every stage's numbers with counts, GRPO steps with signal), charts and each "
-               "stage's Pass@K run, then prints the stage table. Each output is recorded with the settings that made "
-               "it: a rerun skips, resumes or redoes each stage and says which. Unless set by flag or variable, the "
-               f"demo uses --max-turns {DEMO_MAX_TURNS} and --task-sampler {DEMO_TASK_SAMPLER}. Scripted user: a "
-               "plumbing and learning-signal check, not a tau2 score.")
+        epilog="Writes <out>/report.json, charts and each stage's Pass@K run; a rerun skips, resumes or redoes each "
+               f"stage and says which (docs/demo.md). Unless set, --max-turns {DEMO_MAX_TURNS} and --task-sampler "
+               f"{DEMO_TASK_SAMPLER}. Scripted user: a plumbing check, not a tau2 score.")
     p.add_argument("--domain", default="mock", choices=DOMAINS)
     p.add_argument("--split", default=None, help="task split trained and evaluated on (default: mock base, else train)")
     p.add_argument("--eval-split", default=None, help="split evaluated on (default: mock base, else test)")
-    p.add_argument("--out", type=Path, default=Path("outputs/demo"))
+    p.add_argument("--out", type=Path, default=None,
+                   help="output folder (default: outputs/demo for mock, outputs/demo-<domain> otherwise)")
     p.add_argument("--model", default=None, help="starting HF model directory (default: build a tiny Qwen3)")
-    p.add_argument("--tokenizer", default=None, help="tokenizer for the tiny model (default: train one locally)")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--seed", type=int, default=0)
-    g = p.add_argument_group("tiny model")
+    g = p.add_argument_group("tiny model", more=True)
+    g.add_argument("--tokenizer", default=None, help="tokenizer for the tiny model (default: train one locally)")
     g.add_argument("--hidden-size", type=int, default=128)
     g.add_argument("--num-layers", type=int, default=2)
     g.add_argument("--vocab-size", type=int, default=1024)
-    g = p.add_argument_group("episodes")
+    g = p.add_argument_group("episodes", more=True)
     g.add_argument("--max-new-tokens", type=int, default=96, help="per policy turn")
     g.add_argument("--eval-samples", type=int, default=4, help="episodes per task at evaluation (k <= this)")
     g.add_argument("--eval-temperature", type=float, default=0.7)
-    g = p.add_argument_group("SFT and RFT")
+    g = p.add_argument_group("SFT and RFT", more=True)
     g.add_argument("--sft-epochs", type=int, default=40)
     g.add_argument("--sft-lr", type=float, default=3e-3)
     g.add_argument("--micro-batch-size", type=int, default=4)
@@ -222,9 +209,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--rft-temperature", type=float, default=0.8)
     g.add_argument("--rft-epochs", type=int, default=10)
     g.add_argument("--rft-lr", type=float, default=1e-3)
-    g = p.add_argument_group("GRPO / AWSFT (advantage-weighted SFT): the policy stage")
-    g.add_argument("--algorithm", default="grpo", type=_algorithms, metavar="NAMES",
-                   help="grpo, awsft, or both: grpo,awsft")
+    p.add_argument("--algorithm", default="grpo", type=_algorithms, metavar="NAMES",
+                   help="the policy stage: grpo, awsft (advantage-weighted SFT), or both: grpo,awsft")
+    g = p.add_argument_group("GRPO / AWSFT: the policy stage", more=True)
     g.add_argument("--grpo-steps", type=int, default=6)
     g.add_argument("--grpo-tasks-per-step", type=int, default=3)
     g.add_argument("--grpo-n", type=int, default=8, help="samples per task (the GRPO group)")
@@ -278,10 +265,8 @@ def run_stages(args, cfg: Tau2Config, split: str, eval_split: str, benchmark: di
     another tau2 version or task set are refused (BenchmarkMismatch) before anything is written."""
     out = args.out
     book = StageBook(out, benchmark)
-    out.mkdir(parents=True, exist_ok=True)
     settings = stage_settings(args, cfg, split, eval_split)
-    book.refuse_unrecorded([out / "sft", out / "rft", *(out / a for a in ALGORITHMS), out / "eval",
-                            out / "report.json"])
+    book.claim()
     base = prepare_model(args, out)
     checkpoints = {"base": base, "sft": out / "sft", "rft": out / "rft",
                    **{algorithm: out / algorithm / "model" for algorithm in ALGORITHMS}}
@@ -312,7 +297,7 @@ def run_stages(args, cfg: Tau2Config, split: str, eval_split: str, benchmark: di
         return {**sft_stage(args, base, demos, checkpoints["sft"], out, args.sft_lr, args.sft_epochs),
                 "demonstrations": len(demos)}
 
-    report["sft"] = stage("sft", [checkpoints["sft"]], sft_work)
+    report["sft"] = stage("sft", [checkpoints["sft"]], sft_work, [resume_dir(checkpoints["sft"])])
     report["stages"]["sft"] = evaluated("sft")
 
     def rft_work() -> dict:
@@ -322,20 +307,21 @@ def run_stages(args, cfg: Tau2Config, split: str, eval_split: str, benchmark: di
         return {**stats, **sft_stage(args, checkpoints["sft"], merged, checkpoints["rft"], out, args.rft_lr,
                                      args.rft_epochs)}
 
-    report["rft"] = stage("rft", [checkpoints["rft"]], rft_work, eval_files(out, "rft_samples"))
+    report["rft"] = stage("rft", [checkpoints["rft"]], rft_work,
+                          [*eval_files(out, "rft_samples"), resume_dir(checkpoints["rft"])])
     report["stages"]["rft"] = evaluated("rft")
 
     def policy_work(algorithm: str) -> dict:
         console.rule(algorithm.upper())
         rft_episodes = eval_output(out, "rft_samples").with_suffix(".json.episodes.jsonl")
-        task_ids, band = difficulty_task_ids(args.domain, split, rft_episodes, cfg)
+        task_ids, band, baselines = difficulty_task_ids(args.domain, split, rft_episodes, cfg)
         say(f"{algorithm}: {band.line()}")
         history = grpo_stage(GrpoSettings(
             domain=args.domain, split=split, steps=args.grpo_steps, tasks_per_step=args.grpo_tasks_per_step,
             n=args.grpo_n, lr=args.grpo_lr, temperature=args.grpo_temperature, max_new_tokens=args.max_new_tokens,
             kl_coef=args.kl_coef, entropy_coef=args.entropy_coef, micro_batch_size=args.micro_batch_size,
             seed=args.seed, device=args.device, wandb_project=args.wandb_project, algorithm=algorithm,
-            task_ids=tuple(task_ids)),
+            task_ids=tuple(task_ids), baselines=tuple(sorted(baselines.items()))),
             checkpoints["rft"], checkpoints[algorithm], out / algorithm, cfg, out / "metrics.jsonl", say)
         return {**grpo_summary(history), "grpo_tasks": asdict(band)}
 
@@ -345,6 +331,12 @@ def run_stages(args, cfg: Tau2Config, split: str, eval_split: str, benchmark: di
         report["stages"][algorithm] = evaluated(algorithm)
     report["wall_s"] = sum(r["result"].get("wall_s", 0.0) for r in book.records.values() if r.get("result"))
     return report
+
+
+def default_out(domain: str) -> Path:
+    """The demo's folder: outputs/demo for mock (what scripts/demo.sh and the README's commands read), one per
+    other domain, so `--domain airline` after the demo starts its own run instead of meeting the mock one's."""
+    return Path("outputs/demo" if domain == "mock" else f"outputs/demo-{domain}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -369,26 +361,30 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: --model {args.model}: no config.json there; give a Hugging Face model directory, or leave "
               "--model out to build the tiny demo model", file=sys.stderr)
         return 2
+    args.out = args.out or default_out(args.domain)
     report_path = args.out / "report.json"
     benchmark = run_benchmark(args.domain, split, eval_split, cfg.retrieval_variant)
     args.max_turns = cfg.max_turns
     try:
         report = run_stages(args, cfg, split, eval_split, benchmark)
+        report["benchmark"] = benchmark
+        report["comparisons"] = stage_comparisons(args.out / "eval", list(report["stages"]))
+        report["charts"] = [str(p) for p in write_charts(report, args.out)]
+        atomic_write_bytes(report_path, json.dumps(report, indent=1).encode())
     except (StaleOutputError, BenchmarkMismatch) as e:  # outputs of something else, or graded by another tau2
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # --out not writable, a file where a folder goes, the disk full: one line, no traceback
+        print(f"error: --out {args.out}: cannot write {e.filename or args.out}: {e.strerror or e}", file=sys.stderr)
         return 2
     except StageFailed as e:
         if e.returncode != 130:
             print(f"error: {e}", file=sys.stderr)
         return e.returncode
     except KeyboardInterrupt:
-        print(f"interrupted: finished stages and GRPO steps are kept in {args.out}; rerun the same command to resume",
-              file=sys.stderr)
+        print(f"interrupted: finished stages, evaluation episodes, GRPO steps and SFT/RFT training (saved every "
+              f"{SFT_SAVE_EVERY_S:.0f} s) are kept in {args.out}; rerun the same command to resume", file=sys.stderr)
         return 130
-    report["benchmark"] = benchmark
-    report["comparisons"] = stage_comparisons(args.out / "eval", list(report["stages"]))
-    report["charts"] = [str(p) for p in write_charts(report, args.out)]
-    atomic_write_bytes(report_path, json.dumps(report, indent=1).encode())
     print_stage_table(report)
     print("\n".join(summary_lines(report)))
     print("\n".join(stage_verdicts(report)))

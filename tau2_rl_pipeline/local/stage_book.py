@@ -58,7 +58,19 @@ class StageBook:
         self.benchmark = dict(benchmark)
         self.records: dict[str, dict] = json.loads(self.path.read_text()) if self.path.exists() else {}
         for record in self.records.values():
-            check_same_benchmark(record.get("benchmark"), self.benchmark, str(self.path))
+            check_same_benchmark(record.get("benchmark"), self.benchmark, str(out), held=self.held(),
+                                 remedy="pass --out DIR to keep it and run this one beside it")
+
+    def held(self) -> str:
+        """What the book's run was, in words: its domain and splits, from the recorded settings."""
+        settings: dict[str, Any] = {}
+        for record in self.records.values():
+            settings.update(record.get("settings") or {})
+        if "domain" not in settings:
+            return "another run"
+        splits = [f"{word} {settings[key]}" for key, word in (("train_split", "trained on"),
+                                                                ("eval_split", "evaluated on")) if key in settings]
+        return f"the demo run on {settings['domain']}" + (f" ({', '.join(splits)})" if splits else "")
 
     def plan(self, stage: str, settings: Mapping[str, Any], outputs: Sequence[Path],
              also_remove: Sequence[Path] = ()) -> Plan:
@@ -83,11 +95,18 @@ class StageBook:
         self._save()
         return Plan(RUN, message)
 
-    def refuse_unrecorded(self, outputs: Sequence[Path]) -> None:
-        """Before any work: with no record at all, any of `outputs` present was made by something else."""
-        present = [p for p in outputs if p.exists()]
-        if not self.records and present:
-            raise StaleOutputError(_unrecorded(present[0], self.out))
+    def claim(self) -> None:
+        """Before any work: a folder with no record must be empty (anything in it was made by something else, and
+        the run would write beside it); then the book is written at once, so a run stopped before its first stage
+        finished is still recognised as this pipeline's."""
+        if not self.records:
+            present = sorted(p.name for p in self.out.iterdir()) if self.out.is_dir() else []
+            if present:
+                shown = ", ".join(present[:3]) + (f" and {len(present) - 3} more" if len(present) > 3 else "")
+                raise StaleOutputError(f"{self.out} holds other files ({shown}) and no record of a demo run: pass "
+                                       "--out DIR with a new or empty folder")
+        self.out.mkdir(parents=True, exist_ok=True)
+        self._save()
 
     def finish(self, stage: str, result: Any) -> None:
         self.records[stage]["result"] = _jsonable(result)

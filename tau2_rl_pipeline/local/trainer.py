@@ -4,12 +4,14 @@
     trainer.sft([sft_example_from_chat(tokenizer, chat, tools) for chat, tools in demos])
     trainer.grpo_step([examples_from_trajectory(t.prompt_ids, t.response_ids, t.loss_mask, t.rollout_logprobs, a)
                        for t, a in zip(trajectories, advantages)])
-    trainer.awsft_step(same_examples)  # or: advantage-weighted SFT on the same rollout batch (losses.awsft_loss)
+    trainer.awsft_step(examples_with_weights)  # or: advantage-weighted SFT (learning/awsft.py's weights)
     trainer.save("out/step_1")  # a HF model directory: AutoModelForCausalLM / TransformersEngine.from_pretrained
 
-The loss definitions are slime's (see losses.py for which slime function each one follows). One optimizer step
-normalizes by the mask-1 token count of all its micro-batches (slime's --calculate-per-token-loss), so splitting
-a step into more, smaller micro-batches changes memory use, not the update. Weights stay float32 and `dtype`
+The loss definitions are slime's (see losses.py for which slime function each one follows). An SFT step
+normalizes by the mask-1 token count of all its micro-batches (slime's --calculate-per-token-loss, as slime's SFT
+runs); a GRPO or AWSFT step as `loss_reduction` says (TAU2_LOSS_REDUCTION; default slime's per-sample mean over
+the step's samples). Every micro-batch gets the step's totals, so splitting a step into more, smaller
+micro-batches changes memory use, not the update. Weights stay float32 and `dtype`
 only sets the autocast compute dtype, so bf16 on a GPU does not round the optimizer's updates away.
 Every optimizer step writes one JSON line to `log_jsonl`, and to wandb when `wandb_project` is set.
 """
@@ -17,13 +19,14 @@ Every optimizer step writes one JSON line to `log_jsonl`, and to wandb when `wan
 from __future__ import annotations
 
 import copy
+import functools
+import hashlib
 import json
 import math
 import os
 import random
 import shutil
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -33,7 +36,9 @@ from typing import Any
 
 import torch
 
+from tau2_rl_pipeline.files import staging_dir
 from tau2_rl_pipeline.learning.losses import (
+    REDUCTIONS,
     gather_logprobs,
     grpo_loss,
     local_awsft_loss,
@@ -51,6 +56,7 @@ class TrainExample:
     input_ids: list[int]
     loss_mask: list[int]  # 1 = a target token (the policy's own), 0 = context (prompt, observations)
     advantage: float = 0.0  # GRPO: the sequence's advantage, applied to each of its mask-1 tokens
+    weight: float = 1.0  # AWSFT: the sequence's weight (learning/awsft.py), applied to each of its mask-1 tokens
     old_logprobs: list[float] | None = None  # GRPO: rollout log-probs (0 where mask 0); None = on-policy
 
     def __post_init__(self) -> None:
@@ -67,6 +73,8 @@ class TrainExample:
             raise ValueError(f"old_logprobs has {len(self.old_logprobs)} entries for {n} input ids")
         if not math.isfinite(self.advantage):
             raise ValueError(f"advantage must be finite, got {self.advantage}")
+        if not (math.isfinite(self.weight) and self.weight >= 0):
+            raise ValueError(f"weight must be a finite number >= 0, got {self.weight}")
 
     @property
     def num_targets(self) -> int:
@@ -74,7 +82,8 @@ class TrainExample:
 
 
 def examples_from_trajectory(prompt_ids: Sequence[int], response_ids: Sequence[int], loss_mask: Sequence[int],
-                             rollout_logprobs: Sequence[float] | None, advantage: float) -> TrainExample:
+                             rollout_logprobs: Sequence[float] | None, advantage: float,
+                             weight: float = 1.0) -> TrainExample:
     """A rollout's books (slime's Sample layout: mask and log-probs cover the response only) as one example."""
     if len(loss_mask) != len(response_ids):
         raise ValueError(f"loss_mask has {len(loss_mask)} entries for {len(response_ids)} response ids")
@@ -83,6 +92,7 @@ def examples_from_trajectory(prompt_ids: Sequence[int], response_ids: Sequence[i
     pad = [0] * len(prompt_ids)
     return TrainExample(
         input_ids=list(prompt_ids) + list(response_ids), loss_mask=pad + list(loss_mask), advantage=float(advantage),
+        weight=float(weight),
         old_logprobs=None if rollout_logprobs is None else [0.0] * len(pad) + [float(x) for x in rollout_logprobs])
 
 
@@ -101,9 +111,7 @@ def sft_example_from_chat(tokenizer: Any, chat: list[dict], tools: list[dict] | 
     assistant message with `"step_loss_mask": 0` (slime's per-message switch; sft_data marks the fixed greeting
     and rejected completions so) stays in the context and is not a target.
     """
-    from tau2_rl_pipeline.benchmark.prompting import (
-        render,  # imports tau2 and litellm (seconds): only this needs them
-    )
+    from tau2_rl_pipeline.benchmark.prompting import render  # imports tau2 and litellm (seconds): only this needs them
 
     end = tokenizer.eos_token
     if not end:
@@ -132,6 +140,9 @@ def sft_example_from_chat(tokenizer: Any, chat: list[dict], tools: list[dict] | 
     return TrainExample(input_ids=ids, loss_mask=mask)
 
 
+SFT_SAVE_EVERY_S = 30.0  # LocalTrainer.sft with resume_dir: at most this much training lost to Ctrl-C
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """Hyperparameters of the local trainer (defaults: slime's GRPO optimizer settings, lr for SFT)."""
@@ -149,6 +160,7 @@ class TrainConfig:
     kl_coef: float = 0.0  # GRPO and AWSFT: > 0 keeps a frozen copy of the starting model, adds kl_coef * low_var_kl
     entropy_coef: float = 0.0  # loss -= entropy_coef * mean entropy
     rollout_temperature: float = 1.0  # GRPO: logits / T, to score tokens under the distribution they came from
+    loss_reduction: str = "sample_mean"  # GRPO and AWSFT: sample_mean (slime's default) or token_mean (losses.py)
     device: str = "cpu"
     dtype: str = "float32"  # autocast compute dtype: float32 or bfloat16
     seed: int = 0  # torch RNG and example shuffling
@@ -169,6 +181,8 @@ class TrainConfig:
             (self.kl_coef >= 0, f"kl_coef must be >= 0, got {self.kl_coef}"),
             (math.isfinite(self.entropy_coef), f"entropy_coef must be finite, got {self.entropy_coef}"),
             (self.rollout_temperature > 0, f"rollout_temperature must be > 0, got {self.rollout_temperature}"),
+            (self.loss_reduction in REDUCTIONS,
+             f"loss_reduction must be one of {', '.join(REDUCTIONS)}, got {self.loss_reduction!r}"),
             (self.dtype in DTYPES, f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}"),
             (bool(str(self.log_jsonl)), "log_jsonl must be a file path"),
         ]
@@ -196,6 +210,7 @@ class _Batch:
     old_logprobs: torch.Tensor
     has_old: torch.Tensor  # [batch, 1] bool: rows without rollout log-probs are scored on-policy
     advantages: torch.Tensor  # [batch, 1]
+    weights: torch.Tensor  # [batch, 1]
 
 
 def _collate(examples: Sequence[TrainExample], pad_id: int, device: torch.device) -> _Batch:
@@ -212,7 +227,8 @@ def _collate(examples: Sequence[TrainExample], pad_id: int, device: torch.device
         loss_mask=rows(lambda e: list(e.loss_mask), 0, torch.float32),
         old_logprobs=rows(lambda e: list(e.old_logprobs or [0.0] * len(e.input_ids)), 0.0, torch.float32),
         has_old=torch.tensor([[e.old_logprobs is not None] for e in examples], device=device),
-        advantages=torch.tensor([[e.advantage] for e in examples], dtype=torch.float32, device=device))
+        advantages=torch.tensor([[e.advantage] for e in examples], dtype=torch.float32, device=device),
+        weights=torch.tensor([[e.weight] for e in examples], dtype=torch.float32, device=device))
 
 
 def _chunks(items: Sequence[Any], size: int) -> list[Sequence[Any]]:
@@ -220,20 +236,14 @@ def _chunks(items: Sequence[Any], size: int) -> list[Sequence[Any]]:
 
 
 @contextmanager
-def _progress(description: str, total: int) -> Iterator[Callable[..., None]]:
+def _progress(description: str, total: int, done: int = 0) -> Iterator[Callable[..., None]]:
     """A rich progress bar on a terminal; yields advance(status). Nests under a caller's own bar (rich >= 14).
     When stderr is not a terminal (a log file, CI) a bar shows nothing until it ends: one line per step instead."""
     from rich.console import Console
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-    )
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     if not Console(stderr=True).is_terminal:
-        t0, done = time.perf_counter(), 0
+        t0 = time.perf_counter()
 
         def log_line(status: str = "") -> None:
             nonlocal done
@@ -245,7 +255,7 @@ def _progress(description: str, total: int) -> Iterator[Callable[..., None]]:
         return
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   TextColumn("{task.fields[status]}")) as bar:
-        task = bar.add_task(description, total=total, status="")
+        task = bar.add_task(description, total=total, completed=done, status="")
         yield lambda status="": bar.update(task, advance=1, status=status)
 
 
@@ -332,7 +342,9 @@ class LocalTrainer:
             raise ValueError("no example has a mask-1 token to evaluate")
         nll = 0.0
         self.model.eval()
-        with torch.no_grad(), _progress("eval", math.ceil(len(examples) / self.cfg.micro_batch_size)) as advance:
+        # named for what it is: a loss pass over the training examples, not the Pass@K evaluation
+        with torch.no_grad(), _progress(f"loss over {len(examples)} examples (no update)",
+                                        math.ceil(len(examples) / self.cfg.micro_batch_size)) as advance:
             for chunk in _chunks(examples, self.cfg.micro_batch_size):
                 batch = _collate(chunk, self.pad_id, self.device)
                 nll += float(sft_loss(self._logprobs(self.model, batch)[0], batch.loss_mask, num_tokens=total)[0])
@@ -367,36 +379,79 @@ class LocalTrainer:
     def _sft_micro_loss(self, batch: _Batch, num_tokens: int) -> tuple[torch.Tensor, dict[str, float]]:
         return sft_loss(self._logprobs(self.model, batch)[0], batch.loss_mask, num_tokens=num_tokens)
 
-    def sft(self, examples: Sequence[TrainExample], *, eval_examples: Sequence[TrainExample] | None = None
-            ) -> list[dict[str, Any]]:
+    def sft(self, examples: Sequence[TrainExample], *, eval_examples: Sequence[TrainExample] | None = None,
+            resume_dir: str | Path | None = None, save_every_s: float = SFT_SAVE_EVERY_S) -> list[dict[str, Any]]:
         """`epochs` shuffled passes, micro_batch_size * grad_accum_steps sequences per optimizer step; with
-        `eval_examples`, the last step of each epoch also records their masked loss as eval_loss."""
+        `eval_examples`, the last step of each epoch also records their masked loss as eval_loss.
+
+        With `resume_dir`, the training state (weights, optimizer, random generators, position) is saved there at
+        each epoch's end and after any step `save_every_s` seconds after the last save; a later call on a trainer
+        built the same way, with the same examples, continues from it (Ctrl-C loses at most that much), ending
+        with the weights an uninterrupted run ends with. A state saved for other examples or settings is ignored."""
         if not examples:
             raise ValueError("sft needs at least one example")
         per_step = self.cfg.micro_batch_size * self.cfg.grad_accum_steps
         steps_per_epoch = math.ceil(len(examples) / per_step)
+        rows = json.dumps([[list(e.input_ids), list(e.loss_mask)] for e in examples]).encode()
+        fingerprint = json.loads(json.dumps({
+            "examples": hashlib.sha256(rows).hexdigest(),
+            "config": {k: v for k, v in asdict(self.cfg).items() if k not in ("log_jsonl", "wandb_project")}},
+            default=str))
+        state_path = Path(resume_dir) / "sft_state.pt" if resume_dir is not None else None
+        start_epoch, start_index = 0, 0
+        if state_path is not None and state_path.is_file():
+            state = torch.load(state_path, map_location=self.device, weights_only=False)
+            if state["fingerprint"] == fingerprint:
+                self.model.load_state_dict(state["model"])
+                self.optimizer.load_state_dict(state["optimizer"])
+                torch.set_rng_state(state["torch_rng"])
+                self._shuffle.setstate(state["shuffle_at_epoch_start"])
+                self.step, start_epoch, start_index = state["step"], state["epoch"], state["index"]
+                print(f"sft: resuming at step {start_epoch * steps_per_epoch + start_index} of "
+                      f"{self.cfg.epochs * steps_per_epoch} from {state_path}", file=sys.stderr, flush=True)
         records = []
-        with _progress("sft", self.cfg.epochs * steps_per_epoch) as advance:
-            for epoch in range(self.cfg.epochs):
+        last_save = time.monotonic()
+        done = start_epoch * steps_per_epoch + start_index
+        with _progress("sft", self.cfg.epochs * steps_per_epoch, done) as advance:
+            for epoch in range(start_epoch, self.cfg.epochs):
+                shuffle_at_epoch_start = self._shuffle.getstate()
                 order = list(examples)
                 self._shuffle.shuffle(order)
                 for i, chunk in enumerate(_chunks(order, per_step)):
+                    if epoch == start_epoch and i < start_index:
+                        continue  # trained before the resume
                     record = {"stage": "sft", "epoch": epoch, **self._optimizer_step(chunk, self._sft_micro_loss)}
                     if eval_examples and i == steps_per_epoch - 1:
                         record["eval_loss"] = self.evaluate(eval_examples)
                     self.sink.write(record)
                     records.append(record)
                     advance(status=f"loss {record['loss']:.4f}")
+                    last = i == steps_per_epoch - 1
+                    if state_path is not None and (last or time.monotonic() - last_save >= save_every_s):
+                        self._save_sft_state(state_path, fingerprint, shuffle_at_epoch_start if not last else
+                                             self._shuffle.getstate(), epoch + last, 0 if last else i + 1)
+                        last_save = time.monotonic()
         return records
 
-    def _grpo_micro_loss(self, batch: _Batch, num_tokens: int) -> tuple[torch.Tensor, dict[str, float]]:
+    def _save_sft_state(self, path: Path, fingerprint: dict, shuffle_state: Any, epoch: int, index: int) -> None:
+        """The state to continue SFT from (epoch, index: the next step's place), written whole or not at all."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        torch.save({"fingerprint": fingerprint, "model": self.model.state_dict(),
+                    "optimizer": self.optimizer.state_dict(), "torch_rng": torch.get_rng_state(),
+                    "shuffle_at_epoch_start": shuffle_state, "step": self.step, "epoch": epoch, "index": index}, tmp)
+        os.replace(tmp, path)
+
+    def _grpo_micro_loss(self, batch: _Batch, num_tokens: int, *, num_samples: int
+                         ) -> tuple[torch.Tensor, dict[str, float]]:
         cfg = self.cfg
         logprobs, entropy = self._logprobs(self.model, batch, temperature=cfg.rollout_temperature,
                                            with_entropy=True)
         old = torch.where(batch.has_old, batch.old_logprobs, logprobs.detach())
         ref = self._reference_logprobs(batch, cfg.rollout_temperature)
         return grpo_loss(logprobs, old, batch.advantages, batch.loss_mask, eps_clip=cfg.eps_clip,
-                         eps_clip_high=cfg.eps_clip_high, num_tokens=num_tokens,
+                         eps_clip_high=cfg.eps_clip_high, reduction=cfg.loss_reduction, num_tokens=num_tokens,
+                         num_samples=num_samples,
                          entropy=entropy if cfg.entropy_coef else entropy.detach(), entropy_coef=cfg.entropy_coef,
                          ref_logprobs=ref, kl_coef=cfg.kl_coef)
 
@@ -406,11 +461,13 @@ class LocalTrainer:
         with torch.no_grad():
             return self._logprobs(self.reference, batch, temperature=temperature)[0]
 
-    def _awsft_micro_loss(self, batch: _Batch, num_tokens: int) -> tuple[torch.Tensor, dict[str, float]]:
+    def _awsft_micro_loss(self, batch: _Batch, num_tokens: int, *, num_samples: int
+                          ) -> tuple[torch.Tensor, dict[str, float]]:
         # Scored at the rollout temperature, as slime scores every loss (and its reference log-probs).
         temperature = self.cfg.rollout_temperature
         logprobs = self._logprobs(self.model, batch, temperature=temperature)[0]
-        return local_awsft_loss(logprobs, batch.advantages, batch.loss_mask, num_tokens=num_tokens,
+        return local_awsft_loss(logprobs, batch.weights, batch.loss_mask, reduction=self.cfg.loss_reduction,
+                                num_tokens=num_tokens, num_samples=num_samples,
                                 ref_logprobs=self._reference_logprobs(batch, temperature), kl_coef=self.cfg.kl_coef)
 
     def grpo_step(self, examples: Sequence[TrainExample]) -> dict[str, Any]:
@@ -419,14 +476,17 @@ class LocalTrainer:
         return self._policy_step("grpo", examples, self._grpo_micro_loss)
 
     def awsft_step(self, examples: Sequence[TrainExample]) -> dict[str, Any]:
-        """One advantage-weighted SFT step on a rollout batch: each example's NLL weighted by
-        losses.awsft_weights(its advantage), plus kl_coef * low_var_kl to the starting model. old_logprobs are
-        not used (no importance ratio: the stability of SFT)."""
+        """One advantage-weighted SFT step on a rollout batch: each example's NLL weighted by its `weight` (the
+        recipe's, learning/awsft.py), plus kl_coef * low_var_kl to the starting model. old_logprobs are not used
+        (no importance ratio: the stability of SFT)."""
         return self._policy_step("awsft", examples, self._awsft_micro_loss)
 
     def _policy_step(self, stage: str, examples: Sequence[TrainExample], micro_loss: Callable) -> dict[str, Any]:
+        """One step reduced as TrainConfig.loss_reduction says, over the step's tokens or its samples (every
+        micro-batch gets the step's totals, so splitting changes memory use, not the update)."""
         if not examples:
             raise ValueError(f"{stage}_step needs at least one example")
+        micro_loss = functools.partial(micro_loss, num_samples=len(examples))
         with _progress(f"{stage} step {self.step + 1}", math.ceil(len(examples) / self.cfg.micro_batch_size)) as advance:
             record = {"stage": stage, **self._optimizer_step(examples, micro_loss, advance),
                       "advantage_mean": sum(e.advantage for e in examples) / len(examples)}
@@ -442,8 +502,7 @@ class LocalTrainer:
             raise ValueError("no tokenizer: pass tokenizer= to LocalTrainer to save a loadable model directory")
         if out.exists() and any(out.iterdir()):
             raise FileExistsError(f"{out} exists and is not empty; save each checkpoint to a new directory")
-        out.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+        staging = staging_dir(out)
         try:
             self.model.save_pretrained(str(staging))
             self.tokenizer.save_pretrained(str(staging))

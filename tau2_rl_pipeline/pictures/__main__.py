@@ -1,9 +1,10 @@
-"""Regenerate the pictures in public/ from the project itself (also: python -m tau2_rl_pipeline.pictures).
+"""Draw the project's pictures from the project itself (also: python -m tau2_rl_pipeline.pictures), into
+outputs/pictures/ (or --out); --public refreshes the tracked copies in public/ instead (for the maintainers).
 
-  public/pipeline.png     scripts/pipeline.sh's stages, servers, files and GPU layouts, drawn from its dry runs
-  public/demo_stages.png  the demo's Pass@K per stage, from outputs/demo/report.json (bash scripts/demo.sh),
-                          copied to public/demo_report.json; where the demo has not run, from that copy
-  public/bench.png        bench/README.md's P-tables, each row a ratio
+  pipeline.png     scripts/pipeline.sh's stages, servers, files and GPU layouts, drawn from its dry runs
+  demo_stages.png  the demo's Pass@K per stage, from outputs/demo/report.json (bash scripts/demo.sh), copied
+                   beside it as demo_report.json; where the demo has not run, from public/demo_report.json
+  bench.png        bench/README.md's P-tables, each row a ratio
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from tau2_rl_pipeline.pictures import bench_chart, pipeline_diagram, stage_chart
 from tau2_rl_pipeline.pictures.plan import ROOT, dry_run_plan, gpu_layouts
 
 REFERENCE_TITLE = "tau2 Pass@k (reference run)"
+PUBLIC = ROOT / "public"
 
 
 class _Formatter(argparse.RawDescriptionHelpFormatter, HelpFormatter):
@@ -27,7 +29,9 @@ class _Formatter(argparse.RawDescriptionHelpFormatter, HelpFormatter):
 
 def build_parser() -> argparse.ArgumentParser:
     p = command_parser("tau2-rl-pictures", __doc__, formatter_class=_Formatter)
-    p.add_argument("--out", type=Path, default=None, help="folder the pictures go to (default: public/)")
+    p.add_argument("--out", type=Path, default=None, help="folder the pictures go to (default: outputs/pictures)")
+    p.add_argument("--public", action="store_true",
+                   help="refresh the tracked pictures and demo_report.json in public/ (instead of --out)")
     p.add_argument("--report", type=Path, default=None,
                    help="the demo's report (default: outputs/demo/report.json, else <out>/demo_report.json)")
     p.add_argument("--bench", type=Path, default=None, help="the benchmarks' README (default: bench/README.md)")
@@ -48,9 +52,9 @@ def make_pictures(out: Path, report_path: Path, bench: Path, reference: Path | N
     pipeline_diagram.render(plans, out / "pipeline.png")
     written.append(out / "pipeline.png")
     copy = out / "demo_report.json"
-    source = report_path if report_path.is_file() else copy
+    source = report_path if report_path.is_file() else PUBLIC / "demo_report.json"
     if not source.is_file():
-        raise FileNotFoundError(f"no demo report at {report_path} nor {copy}: run bash scripts/demo.sh first")
+        raise FileNotFoundError(f"no demo report at {report_path} nor {source}: run bash scripts/demo.sh first")
     report = json.loads(source.read_text())
     stage_chart.render(report, out / "demo_stages.png")
     written.append(out / "demo_stages.png")
@@ -74,13 +78,20 @@ def reference_chart(reference: Path, out: Path) -> list[Path]:
     return [out / "passk_reference.png", out / "passk_reference.json"]
 
 
+def out_dir(args: argparse.Namespace) -> Path:
+    """Where the pictures go: the user's folder; public/ (tracked) only when asked with --public."""
+    if args.public and args.out is not None:
+        raise ValueError("--public writes into public/; drop --out")
+    return PUBLIC if args.public else args.out or Path("outputs") / "pictures"
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.reference is not None and not args.reference.is_file():
         print(f"error: reference summary not found: {args.reference} (pass a tau2-rl-eval --output)", file=sys.stderr)
         return 2
     try:
-        written = make_pictures(args.out or ROOT / "public", args.report or ROOT / "outputs" / "demo" / "report.json",
+        written = make_pictures(out_dir(args), args.report or ROOT / "outputs" / "demo" / "report.json",
                                 args.bench or ROOT / "bench" / "README.md", args.reference)
     except (OSError, ValueError, KeyError, RuntimeError) as e:
         print(f"error: {type(e).__name__}: {e}", file=sys.stderr)

@@ -82,8 +82,22 @@ def _number(cell: str) -> float:
     return float(match.group(0).replace(",", ""))
 
 
+# A run's notes for the record (clock times, commits: "(16:51 UTC)", "main at e7572e0", "(f1061b8, --gc freeze)")
+# belong in bench/README.md's table, not on a chart a reader scans.
+_NOTEBOOK = (re.compile(r",? main at [0-9a-f]{7,40}"), re.compile(r"\b[0-9a-f]{7,40}\b[,:]?\s*"),
+             re.compile(r"\s*\(\d{1,2}:\d{2}(?: UTC)?\)"), re.compile(r"\s*\(\s*\)"))
+
+
 def _plain(cell: str) -> str:
     return cell.replace("**", "").replace("`", "").split(" / ")[0].strip()
+
+
+def _label(cell: str) -> str:
+    """A row's label without its lab-notebook notes."""
+    text = _plain(cell)
+    for pattern in _NOTEBOOK:
+        text = pattern.sub("", text)
+    return re.sub(r"\s{2,}", " ", text.replace("( ", "(").replace(" )", ")").replace(" :", ":")).strip(" ,")
 
 
 def bench_rows(text: str, spec: BenchSpec) -> list[BenchRow]:
@@ -92,7 +106,7 @@ def bench_rows(text: str, spec: BenchSpec) -> list[BenchRow]:
         for column in (*spec.label, spec.value, *spec.sides):
             if column not in row:
                 raise ValueError(f"bench/README.md {spec.section}: no column {column!r} (has: {', '.join(row)})")
-        label = ", ".join(_plain(row[c]) for c in spec.label) + spec.label_unit
+        label = ", ".join(_label(row[c]) for c in spec.label) + spec.label_unit
         if "#" in row:
             label = f"{row['#']}. {label}"
         sides = tuple(_plain(row[c]) + spec.side_unit for c in spec.sides)

@@ -14,10 +14,11 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
+
+from tau2_rl_pipeline.files import staging_dir
 
 # Qwen3-4B-Instruct-2507's chat template, byte-identical to `chat_template` in that model's tokenizer_config.json
 # (Qwen team, Apache-2.0). It is data: the format the policy must learn and the one SGLang renders at scale.
@@ -96,14 +97,7 @@ def train_small_tokenizer(texts: Iterable[str], out_dir: str | Path, *, vocab_si
     """Train a byte-level BPE tokenizer (at most `vocab_size` ids, the 7 Qwen3 markers included) on `texts`,
     give it Qwen3's chat template (eos <|im_end|>, pad <|endoftext|>), save it to `out_dir` and return it as a
     transformers PreTrainedTokenizerFast. Byte-level means any text still encodes, just in more tokens."""
-    from tokenizers import (
-        AddedToken,
-        Tokenizer,
-        decoders,
-        models,
-        pre_tokenizers,
-        trainers,
-    )
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     merged_vocab = vocab_size - len(TOOL_TOKENS)
@@ -171,8 +165,7 @@ def build_tiny_qwen3(out_dir: str | Path, tokenizer: Any, *, hidden_size: int = 
     model.generation_config.pad_token_id = tokenizer.pad_token_id
 
     # Write beside the target, then rename: a reader (or a parallel test worker) never sees half a directory.
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    staging = staging_dir(out)
     try:
         model.save_pretrained(str(staging))
         tokenizer.save_pretrained(str(staging))
