@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import tau2_rl_pipeline  # noqa: F401  (offline litellm and quiet tau2 logging before tau2 loads)
 from tau2.utils.utils import get_now
 
 from eval.args import csv_list

@@ -144,8 +144,8 @@ GRPO_USER_QUALIFICATION="${GRPO_USER_QUALIFICATION:-${TAU2_OUT_DIR}/qualify/user
 if [[ -n "${GRPO_MAX_USER_FAILURE_RATE}" ]]; then
   require_number GRPO_MAX_USER_FAILURE_RATE "${GRPO_MAX_USER_FAILURE_RATE}"
   gate="$("${PYTHON}" -m eval.qualify --check "${GRPO_USER_QUALIFICATION}" \
-    --max-failure-rate "${GRPO_MAX_USER_FAILURE_RATE}" 2>&1)" || die "${gate#error: }"
-  note "${gate}"
+    --max-failure-rate "${GRPO_MAX_USER_FAILURE_RATE}" 2>&1)" || { gate="$(tail -n 1 <<<"${gate}")"; die "${gate#error: }"; }
+  note "$(tail -n 1 <<<"${gate}")"  # its verdict line (a library's warning may come first)
 fi
 if [[ "${GRPO_ASYNC}" == 1 ]]; then
   note "layout ${TAU2_GPU_LAYOUT}, asynchronous: policy on GPUs ${POLICY_GPUS} of ${NUM_NODES} node(s): ${ACTOR_GPUS} training (TP${TRAIN_TP} x DP${DP}), ${GRPO_ASYNC_ROLLOUT_GPUS} rollout; user simulator on ${USER_SIM_GPUS}"
