@@ -156,7 +156,9 @@ def compare_runs(a: dict[str, Any], b: dict[str, Any], *, seed: int = 0, n_boot:
     out = {d: compare_tasks(ta[d], tb[d], k=k, seed=seed + i, n_boot=n_boot, n_perm=n_perm)
            for i, d in enumerate(domains)}
     if len(domains) > 1:
-        pool = lambda t: {f"{d}/{task}": v for d in domains for task, v in t[d].items()}  # noqa: E731
+        def pool(tallies: dict[str, dict[str, Tally]]) -> dict[str, Tally]:
+            return {f"{d}/{task}": v for d in domains for task, v in tallies[d].items()}
+
         out["overall"] = compare_tasks(pool(ta), pool(tb), k=k, seed=seed, n_boot=n_boot, n_perm=n_perm)
     return {"scopes": out, "significance": SIGNIFICANCE, "n_boot": n_boot,
             "test": "paired bootstrap CI over tasks; two-sided paired sign-flip permutation p-value"}

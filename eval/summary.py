@@ -29,7 +29,9 @@ def behaviour(records: Sequence[dict]) -> dict[str, Any]:
     by_domain: dict[str, list[dict]] = defaultdict(list)
     for r in scored:
         by_domain[r["domain"]].append(r)
-    rates = lambda rs: batch_monitors([r["monitors"] for r in rs], [is_success(r["reward"]) for r in rs])  # noqa: E731
+    def rates(rs: list[dict]) -> dict[str, Any]:
+        return batch_monitors([r["monitors"] for r in rs], [is_success(r["reward"]) for r in rs])
+
     out = {d: rates(rs) for d, rs in sorted(by_domain.items())}
     if len(by_domain) > 1:
         out["overall"] = rates(scored)

@@ -134,6 +134,17 @@ require_user_sim ray
 size_stage grpo --nodes "${ACTOR_NUM_NODES}" --gpus-per-node "${ACTOR_GPUS_PER_NODE}" \
   --rollout-gpus "${ROLLOUT_NUM_GPUS}" --colocated "$((1 - GRPO_ASYNC))" --max-tokens-per-gpu "${GRPO_MAX_TOKENS_PER_GPU}" \
   --mem-fraction "${GRPO_SGLANG_MEM_FRACTION}" --rollout-batch "${GRPO_ROLLOUT_BATCH_SIZE}" --samples "${GRPO_N_SAMPLES}"
+# The user simulator is part of the reward: with GRPO_MAX_USER_FAILURE_RATE set, training starts only when
+# GRPO_USER_QUALIFICATION (tau2-rl-qualify-user --user llm --output ... of this TAU2_USER_MODEL) shows the simulator
+# failing the oracle agent at most that often (task faults apart; docs/evaluation.md).
+GRPO_MAX_USER_FAILURE_RATE="${GRPO_MAX_USER_FAILURE_RATE:-}"
+GRPO_USER_QUALIFICATION="${GRPO_USER_QUALIFICATION:-${TAU2_OUT_DIR}/qualify/user.json}"
+if [[ -n "${GRPO_MAX_USER_FAILURE_RATE}" ]]; then
+  require_number GRPO_MAX_USER_FAILURE_RATE "${GRPO_MAX_USER_FAILURE_RATE}"
+  gate="$("${PYTHON}" -m eval.qualify --check "${GRPO_USER_QUALIFICATION}" \
+    --max-failure-rate "${GRPO_MAX_USER_FAILURE_RATE}" 2>&1)" || { gate="$(tail -n 1 <<<"${gate}")"; die "${gate#error: }"; }
+  note "$(tail -n 1 <<<"${gate}")"  # its verdict line (a library's warning may come first)
+fi
 if [[ "${GRPO_ASYNC}" == 1 ]]; then
   note "layout ${TAU2_GPU_LAYOUT}, asynchronous: policy on GPUs ${POLICY_GPUS} of ${NUM_NODES} node(s): ${ACTOR_GPUS} training (TP${TRAIN_TP} x DP${DP}), ${GRPO_ASYNC_ROLLOUT_GPUS} rollout; user simulator on ${USER_SIM_GPUS}"
 else

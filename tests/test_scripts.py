@@ -271,13 +271,40 @@ def test_grpo_plug_ins_name_functions_of_this_package(dry_dir: Path) -> None:
     """slime imports each plug-in path by name inside the Ray job; a renamed function fails only there."""
     got = grpo_flags(dry_dir, TAU2_FILTER_ZERO_STD="1", GRPO_ALGORITHM="awsft")
     paths = [got[f] for f in ("--custom-generate-function-path", "--custom-reward-post-process-path",
-                              "--dynamic-sampling-filter-path", "--custom-loss-function-path")]
+                              "--dynamic-sampling-filter-path", "--custom-loss-function-path",
+                              "--custom-rollout-log-function-path")]
     paths.append(sft_flags(dry_dir)["--rollout-function-path"])
     for path in paths:
         module, _, name = path.rpartition(".")
         tree = ast.parse((ROOT / (module.replace(".", "/") + ".py")).read_text())
         defined = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
         assert name in defined, f"{path}: {module} defines no {name}"
+
+
+def test_grpo_requires_a_qualified_user_simulator_when_asked(tmp_path: Path) -> None:
+    """GRPO_MAX_USER_FAILURE_RATE: training starts only on a qualification of this TAU2_USER_MODEL within the bound
+    (eval/qualify.py --check); without it, no check."""
+    from eval.qualify import FORMAT
+
+    def qualification(value: float) -> Path:
+        path = tmp_path / f"q{value}.json"
+        path.write_text(json.dumps({"format": FORMAT, "settings": {"user": "llm", "user_model": "openai/q"},
+                                    "qualification": {"overall": {"value": value, "failed": int(value * 10),
+                                                                  "n_episodes": 10}}}))
+        return path
+
+    ok = run_script("train_grpo.sh", tmp_path, TAU2_USER_MODEL="openai/q", GRPO_MAX_USER_FAILURE_RATE="0.05",
+                    GRPO_USER_QUALIFICATION=str(qualification(0.0)))
+    assert ok.rc == 0 and "user simulator 'openai/q' qualified: failure 0.000 <= 0.05" in ok.stderr, ok.text
+    bad = run_script("train_grpo.sh", tmp_path, TAU2_USER_MODEL="openai/q", GRPO_MAX_USER_FAILURE_RATE="0.05",
+                     GRPO_USER_QUALIFICATION=str(qualification(0.3)))
+    errors = [line for line in bad.stderr.splitlines() if "error" in line]
+    assert bad.rc != 0 and len(errors) == 1, bad.stderr
+    assert errors[0].startswith("train_grpo.sh: error: user simulator 'openai/q' fails the oracle agent in 3/10")
+    assert "ray" not in bad.stdout  # refused before anything started
+    missing = run_script("train_grpo.sh", tmp_path, GRPO_MAX_USER_FAILURE_RATE="0.05")
+    assert missing.rc != 0 and "run tau2-rl-qualify-user first" in missing.stderr
+    assert run_script("train_grpo.sh", tmp_path).rc == 0  # not asked: not checked
 
 
 def test_grpo_starts_from_the_rft_checkpoint_at_rollout_zero_without_its_optimizer(dry_dir: Path) -> None:

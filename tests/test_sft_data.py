@@ -273,12 +273,15 @@ def test_mock_demonstrations_leave_out_the_tasks_below_one():
     rows = oracle_demonstrations("mock", "base")
     kept = {r["metadata"]["task_id"] for r in rows}
     assert kept == {t.id for t in load_tasks("mock", "base")} - {
-        "update_task_with_message_history",  # its history already ends the request: the user stops at once
+        # (update_task_with_message_history is kept: the scripted user now answers after the task's earlier
+        # conversation instead of stopping at once, which tau2-rl-qualify-user caught)
         "update_task_with_history_and_env_assertions",  # no gold action reaches its env assertion
         *(["update_task_with_user_tools"] if V1 else [])}  # 1.0.1's new task: its user-side step is not asked for
+    history = {t.id for t in load_tasks("mock", "base") if t.initial_state and t.initial_state.message_history}
     for row in rows:
-        assert row["messages"][1] == {"role": "assistant", "content": "Hi! How can I help you today?",
-                                      "step_loss_mask": 0}
+        if row["metadata"]["task_id"] not in history:  # else the task's earlier conversation comes first
+            assert row["messages"][1] == {"role": "assistant", "content": "Hi! How can I help you today?",
+                                          "step_loss_mask": 0}
         assert row["messages"][-1]["role"] == "assistant"  # the user's ###STOP### is not part of the row
         assert row["metadata"]["source"] == "oracle"
 
@@ -311,9 +314,9 @@ def test_demonstrations_render_with_the_qwen3_template(qwen3_tokenizer):
 def test_oracle_cli_writes_rows_and_lists_what_it_left_out(tmp_path, capsys):
     out = tmp_path / "oracle.jsonl"
     assert main(["oracle", "--domains", "mock", "--split", "base", "--out", str(out)]) == 0
-    assert len(out.read_text().splitlines()) == 7
+    assert len(out.read_text().splitlines()) == 8
     printed = capsys.readouterr().out
-    assert "update_task_with_message_history" in printed and "wrote 7 rows (mock 7)" in printed
+    assert "update_task_with_history_and_env_assertions" in printed and "wrote 8 rows (mock 8)" in printed
 
 
 def test_oracle_cli_rejects_a_split_the_domain_lacks(tmp_path, capsys):

@@ -1,0 +1,309 @@
+"""tau2-rl-qualify-user: how often does a user simulator sink a perfect agent?
+
+    tau2-rl-qualify-user --user scripted --domains mock,airline,retail,telecom --output outputs/qualify/scripted.json
+    TAU2_USER_MODEL=openai/Qwen/Qwen3-8B TAU2_USER_API_BASE=http://127.0.0.1:30001/v1 \
+        tau2-rl-qualify-user --user llm --domains telecom --num-samples 4 --output outputs/qualify/qwen3-8b.json
+
+The oracle agent (benchmark/oracle_play.py: tau2's gold actions in order, device steps asked for, the closing
+message) plays every task x --num-samples against the user simulator the evaluator and the GRPO rollout would use
+(--user scripted, or llm: tau2's user over litellm or the asynchronous client, an SGLang user server included, as
+TAU2_USER_* say). The agent is perfect, so every failure is the simulator's or the task's: per domain, the failure
+rate with a 95% bootstrap CI over tasks, broken down by cause, and apart from it the task faults: tasks that fail
+under every simulator, the user-free gold replay included (and every --against run). Writes the evaluator's files
+(<output>, <output>.episodes.jsonl, <stem>.<domain>.tau2.json) and prints a one-screen verdict: QUALIFIED when the
+failure rate over all tasks but the task faults is at most --max-failure-rate. scripts/train_grpo.sh can require it
+(GRPO_USER_QUALIFICATION, GRPO_MAX_USER_FAILURE_RATE: `--check`).
+Exit codes: 0 qualified, 1 not qualified, 2 bad setup (nothing written).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import tau2_rl_pipeline  # noqa: F401  (offline litellm and quiet tau2 logging before tau2 loads)
+from tau2.utils.utils import get_now
+
+from eval.args import csv_list
+from eval.episodes_file import EpisodesFile, atomic_write_text, read_episodes, secret_values
+from eval.plan import make_plan, output_paths
+from eval.runner import episode_seed
+from eval.tau2_results import results_info, results_json, tau2_results
+from tau2_rl_pipeline.benchmark import judge
+from tau2_rl_pipeline.benchmark.episode import Episode, UserSideError, build_environment
+from tau2_rl_pipeline.benchmark.oracle import gold_actions, replay_gold_actions
+from tau2_rl_pipeline.benchmark.oracle_play import CAUSES, aplay, failure_cause, last_user_text, play
+from tau2_rl_pipeline.benchmark.tasks import TaskLookupError
+from tau2_rl_pipeline.benchmark.tau2_version import benchmark_id, needs_judge
+from tau2_rl_pipeline.benchmark.users import USER_KINDS, UserConfigError, make_user_factory
+from tau2_rl_pipeline.config import ConfigError, add_config_args, command_parser, config_from_args
+from tau2_rl_pipeline.metrics import bootstrap_ci, is_success
+
+FORMAT = "tau2_rl_pipeline.qualify_user/1"
+MAX_EXAMPLES = 5
+
+
+class QualificationError(ValueError):
+    """A qualification summary that cannot be read or checked (the GRPO script's --check)."""
+
+
+# ---------------------------------------------------------------------------------------------------
+# Pure: records -> failure rates, causes, task faults, verdict
+
+def failing_tasks(records: Sequence[dict]) -> set[tuple[str, str]]:
+    """(domain, task id) of the tasks whose every scored episode failed."""
+    outcomes: dict[tuple[str, str], list[bool]] = defaultdict(list)
+    for r in records:
+        if r["status"] != "aborted":
+            outcomes[(r["domain"], r["task_id"])].append(is_success(r["reward"]))
+    return {key for key, wins in outcomes.items() if not any(wins)}
+
+
+def failure_rate(records: Sequence[dict]) -> dict[str, Any]:
+    """Share of failed scored episodes with its 95% bootstrap CI over tasks (an episode-level rate whose
+    uncertainty comes from which tasks were drawn, as metrics.bootstrap_ci with episode weights)."""
+    by_task: dict[tuple[str, str], list[bool]] = defaultdict(list)
+    for r in records:
+        by_task[(r["domain"], r["task_id"])].append(not is_success(r["reward"]))
+    if not by_task:
+        return {"value": None, "ci": None, "failed": 0, "n_episodes": 0, "n_tasks": 0}
+    rates = [sum(f) / len(f) for f in by_task.values()]
+    weights = [len(f) for f in by_task.values()]
+    failed = sum(sum(f) for f in by_task.values())
+    lo, hi = bootstrap_ci(rates, weights=weights)
+    return {"value": failed / sum(weights), "ci": [lo, hi], "failed": failed, "n_episodes": sum(weights),
+            "n_tasks": len(by_task)}
+
+
+def qualification(records: Sequence[dict], faults: set[tuple[str, str]], max_failure_rate: float) -> dict[str, Any]:
+    """Per domain and overall: failure rate over the tasks that are not task faults, the causes of those failures
+    (episodes, example task ids), the task faults apart; the verdict against `max_failure_rate`."""
+    scored = [r for r in records if r["status"] != "aborted"]
+    domains: dict[str, Any] = {}
+    for domain in sorted({r["domain"] for r in records}):
+        mine = [r for r in scored if r["domain"] == domain]
+        kept = [r for r in mine if (domain, r["task_id"]) not in faults]
+        causes = {}
+        for cause in CAUSES:
+            hits = [r["task_id"] for r in kept if r["qualify_cause"] == cause]
+            if hits:
+                causes[cause] = {"episodes": len(hits), "example_task_ids": list(dict.fromkeys(hits))[:MAX_EXAMPLES]}
+        domains[domain] = {"failure_rate": failure_rate(kept), "causes": causes,
+                           "task_faults": sorted(t for d, t in faults if d == domain),
+                           "aborted": sum(r["domain"] == domain and r["status"] == "aborted" for r in records)}
+    overall = failure_rate([r for r in scored if (r["domain"], r["task_id"]) not in faults])
+    qualified = overall["value"] is not None and overall["value"] <= max_failure_rate
+    return {"domains": domains, "overall": overall, "max_failure_rate": max_failure_rate, "qualified": qualified}
+
+
+def verdict_lines(result: dict[str, Any], user: str) -> list[str]:
+    """The one-screen verdict: per domain the failure rate, its causes and the task faults, then QUALIFIED or not."""
+    def rate(entry: dict[str, Any]) -> str:
+        if entry["value"] is None:
+            return "no scored episode"
+        lo, hi = entry["ci"]
+        return (f"{entry['failed']}/{entry['n_episodes']} episodes = {entry['value']:.3f} [95% CI {lo:.3f}, {hi:.3f}]"
+                f" over {entry['n_tasks']} tasks")
+
+    lines = [f"User simulator {user}, played against the oracle agent (gold actions, then the closing message):"]
+    for domain, d in result["domains"].items():
+        lines.append(f"  {domain}: failure {rate(d['failure_rate'])}"
+                     + (f", {d['aborted']} aborted (infrastructure, not counted)" if d["aborted"] else ""))
+        for cause, c in d["causes"].items():
+            lines.append(f"    {cause}: {c['episodes']} episodes, e.g. {', '.join(c['example_task_ids'])}")
+        if d["task_faults"]:
+            lines.append(f"    task faults (fail under every simulator, gold replay included; not counted): "
+                         f"{', '.join(d['task_faults'])}")
+    overall = result["overall"]
+    verdict = "QUALIFIED" if result["qualified"] else "NOT QUALIFIED"
+    lines.append(f"{verdict}: failure {rate(overall)} (task faults apart) vs at most {result['max_failure_rate']}")
+    return lines
+
+
+# ---------------------------------------------------------------------------------------------------
+# Running the oracle against the user simulator
+
+def record(domain: str, task: Any, sample: int, seed: int, episode: Episode, notes: Any, reward_info: Any,
+           error: str | None, started: str, ended: str, seconds: float) -> dict[str, Any]:
+    """One oracle episode in the evaluator's record format (tau2_results and the episodes file read it)."""
+    aborted = error is not None
+    reason = episode.termination_reason.value if episode.termination_reason else "max_steps"
+    reward = float(reward_info.reward) if reward_info is not None else 0.0
+    return {
+        "domain": domain, "task_id": task.id, "sample": sample, "seed": seed,
+        "status": "aborted" if aborted else "completed", "reward": reward, "partial": 0.0,
+        "termination_reason": "user_simulator_error" if aborted else reason, "turns": 0, "parse_errors": 0,
+        "refused_calls": episode.refused_calls, "unknown_tool_calls": 0, "user_tool_calls_by_agent": 0,
+        "refused_call_ids": sorted(episode.refused_call_ids), "error": error, "timings": {"total_s": seconds},
+        "started_at": started, "ended_at": ended,
+        "qualify_cause": None if aborted else failure_cause(notes, len(gold_actions(task)), reason,
+                                                            last_user_text(episode), is_success(reward)),
+        "reward_info": reward_info.model_dump(mode="json") if reward_info is not None else None,
+        "messages": [m.model_dump(mode="json") for m in episode.messages],
+    }
+
+
+async def run_oracle(pending: Sequence[tuple[str, Any, int]], user_factory: Any, cfg: Any, seed: int,
+                     concurrency: int) -> list[dict]:
+    """Every (domain, task, sample) oracle episode, at most `concurrency` at once; a user simulator that fails for
+    good (UserSideError) makes an aborted record, as in the evaluator."""
+    if any(needs_judge(task) for _, task, _ in pending):
+        judge.configure(cfg)  # tau2 1.0.1's NL assertions: this run's judge, as the rollout does
+    gate = asyncio.Semaphore(concurrency)
+
+    async def one(domain: str, task: Any, sample: int) -> dict:
+        async with gate:
+            ep_seed = episode_seed(seed, domain, task.id, sample)
+            started, t0 = get_now(), time.perf_counter()
+            environment = build_environment(domain, cfg.fast_env, task=task, retrieval_variant=cfg.retrieval_variant)
+            user = user_factory(task, environment)
+            user.set_seed(ep_seed)
+            episode = Episode(domain, task, user, max_steps=cfg.max_steps, max_errors=cfg.max_errors,
+                              environment=environment, fast=cfg.fast_env, retrieval_variant=cfg.retrieval_variant)
+            notes, reward_info, error = None, None, None
+            try:
+                if callable(getattr(user, "agenerate_next_message", None)):
+                    notes = await aplay(episode)
+                else:
+                    notes = await asyncio.to_thread(play, episode)
+                reward_info = await asyncio.to_thread(episode.evaluate)
+            except (UserSideError, judge.JudgeError) as e:  # infrastructure: aborted, never counted
+                error = str(e)
+            return record(domain, task, sample, ep_seed, episode, notes, reward_info, error, started, get_now(),
+                          time.perf_counter() - t0)
+
+    try:
+        return list(await asyncio.gather(*(one(d, t, s) for d, t, s in pending)))
+    finally:
+        closing = getattr(user_factory, "aclose", None)
+        if closing is not None:
+            await closing()
+
+
+def replay_faults(plan_tasks: dict[str, list[Any]], failing: set[tuple[str, str]]) -> set[tuple[str, str]]:
+    """Of the tasks failing here, those whose user-free gold replay (benchmark/oracle.py) fails as well."""
+    by_id = {(d, t.id): t for d, ts in plan_tasks.items() for t in ts}
+    return {key for key in failing if not is_success(replay_gold_actions(key[0], by_id[key]).reward)}
+
+
+# ---------------------------------------------------------------------------------------------------
+# Command line
+
+def build_parser() -> argparse.ArgumentParser:
+    p = command_parser("tau2-rl-qualify-user", __doc__.split("\n\n")[0].split(": ", 1)[1],
+                       epilog="QUALIFIED when the failure rate (task faults apart) is at most --max-failure-rate; "
+                              "exit 0 qualified, 1 not, 2 bad setup.")
+    p.add_argument("--user", choices=USER_KINDS, default="llm",
+                   help="llm = tau2's user simulator as TAU2_USER_* configure it; scripted = the offline user")
+    p.add_argument("--domains", default="airline,retail,telecom", help="comma-separated tau2 domains")
+    p.add_argument("--task-split", default="test", help="split of every domain ('base' only: mock)")
+    p.add_argument("--task-ids", default=None, help="comma-separated task ids (default: all)")
+    p.add_argument("--num-samples", type=int, default=1, help="oracle episodes per task")
+    p.add_argument("--seed", type=int, default=300, help="run seed (each episode's user seed derives from it)")
+    p.add_argument("--concurrency", type=int, default=16, help="episodes in flight at once")
+    p.add_argument("--max-failure-rate", type=float, default=0.05, help="the verdict's bound (task faults apart)")
+    p.add_argument("--against", type=Path, action="append", default=[], metavar="OTHER.json",
+                   help="another simulator's qualification: a task is a task fault only if it fails there too")
+    p.add_argument("--output", type=Path, default=Path("outputs/qualify/user.json"), help="summary JSON path")
+    p.add_argument("--check", type=Path, default=None, metavar="SUMMARY.json",
+                   help="only check a finished qualification against --max-failure-rate and the TAU2_USER_MODEL "
+                        "in use (scripts/train_grpo.sh)")
+    add_config_args(p)
+    return p
+
+
+def check(summary_path: Path, max_failure_rate: float, user_model: str) -> str:
+    """The GRPO script's gate: the qualification of the user model in use passes the bound; else one line."""
+    try:
+        summary = json.loads(summary_path.read_text())
+        if summary.get("format") != FORMAT:
+            raise ValueError(f"not a {FORMAT} summary")
+        settings, overall = summary["settings"], summary["qualification"]["overall"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise QualificationError(f"{summary_path}: not a user-simulator qualification ({e}); run "
+                                 "tau2-rl-qualify-user first") from None
+    if settings["user"] != "llm":
+        raise QualificationError(f"{summary_path} qualified the {settings['user']} user, but GRPO's rollout plays "
+                                 f"tau2's LLM user (TAU2_USER_MODEL={user_model!r}): qualify that one (--user llm)")
+    qualified = settings["user_model"]
+    if qualified != user_model:
+        raise QualificationError(f"{summary_path} qualified user model {qualified!r}, but this run uses "
+                                 f"TAU2_USER_MODEL={user_model!r}: qualify that one")
+    if overall["value"] is None or overall["value"] > max_failure_rate:
+        raise QualificationError(f"user simulator {qualified!r} fails the oracle agent in {overall['failed']}/"
+                                 f"{overall['n_episodes']} episodes ({overall['value']}), above the allowed "
+                                 f"{max_failure_rate}: its rewards would punish correct episodes")
+    return f"user simulator {qualified!r} qualified: failure {overall['value']:.3f} <= {max_failure_rate}"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        cfg = config_from_args(args)
+        if not 0.0 <= args.max_failure_rate <= 1.0:
+            raise ValueError(f"--max-failure-rate must be in [0, 1], got {args.max_failure_rate}")
+        if args.check is not None:
+            print(check(args.check, args.max_failure_rate, cfg.user_model))
+            return 0
+        if args.concurrency < 1:
+            raise ValueError(f"--concurrency must be >= 1, got {args.concurrency}")
+        if args.output.is_dir():
+            raise ValueError(f"--output {args.output} is a directory; pass a file path such as {args.output}/user.json")
+        domains = csv_list(args.domains)
+        plan = make_plan(domains, args.task_split, csv_list(args.task_ids) if args.task_ids else None,
+                         args.num_samples)
+        user_factory = make_user_factory(args.user, cfg)
+        if any(needs_judge(t) for ts in plan.tasks.values() for t in ts):
+            judge.check_judge(cfg)  # a remote judge without an API key: one line, before anything runs
+        others = [read_episodes(output_paths(p, [])["episodes"]).values() for p in args.against]
+    except (ConfigError, TaskLookupError, UserConfigError, judge.JudgeConfigError, QualificationError, ValueError,
+            OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1 if isinstance(e, QualificationError) else 2
+    records = asyncio.run(run_oracle(plan.episodes(), user_factory, cfg, args.seed, args.concurrency))
+    failing = failing_tasks(records)
+    for other in others:
+        failing &= failing_tasks(list(other))
+    faults = replay_faults(plan.tasks, failing)
+    result = qualification(records, faults, args.max_failure_rate)
+    write_outputs(args, cfg, plan, records, result)
+    print("\n".join(verdict_lines(result, args.user if args.user == "scripted" else cfg.user_model)))
+    return 0 if result["qualified"] else 1
+
+
+def write_outputs(args: argparse.Namespace, cfg: Any, plan: Any, records: list[dict], result: dict) -> None:
+    """The evaluator's files: the episodes, tau2's results per domain, the summary last."""
+    paths = output_paths(args.output, list(plan.tasks))
+    secrets = secret_values()
+    llm = args.user == "llm"
+    settings = {"benchmark": benchmark_id(plan.tasks, cfg.retrieval_variant), "model": "oracle (gold actions)",
+                "user": args.user, "user_model": cfg.user_model if llm else None,
+                "user_api_base": cfg.user_api_base if llm else None, "user_llm_args": None,
+                "domains": list(plan.tasks), "task_split": args.task_split, "num_samples": args.num_samples,
+                "sampling": {"temperature": 0.0, "top_p": 1.0, "top_k": -1, "max_new_tokens": 0},
+                "seed": args.seed, "max_steps": cfg.max_steps, "max_errors": cfg.max_errors}
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    log = EpisodesFile(paths["episodes"], {"seed": args.seed, "user": args.user}, benchmark=settings["benchmark"],
+                       secrets=secrets)
+    log.open_for_append(discard=True)
+    for r in records:
+        log.append(r)
+    log.close()
+    for domain, tasks in plan.tasks.items():
+        results = tau2_results(domain, records, tasks, results_info(domain, settings, plan.num_samples))
+        atomic_write_text(paths["tau2"][domain], results_json(results, settings["benchmark"]), secrets)
+    summary = {"format": FORMAT, "settings": settings, "qualification": result,
+               "outputs": {"episodes": str(paths["episodes"]),
+                           "tau2_results": {d: str(p) for d, p in paths["tau2"].items()}}}
+    atomic_write_text(paths["summary"], json.dumps(summary, indent=2) + "\n", secrets)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
