@@ -269,11 +269,7 @@ def run_mode(mode: str, cfg: argparse.Namespace, model_dir: Path, rows_path: Pat
 
 
 def build_model(out: Path) -> Path:
-    from tau2_rl_pipeline.testing.tiny_model import (
-        build_tiny_qwen3,
-        domain_corpus,
-        train_small_tokenizer,
-    )
+    from tau2_rl_pipeline.testing.tiny_model import build_tiny_qwen3, domain_corpus, train_small_tokenizer
 
     return build_tiny_qwen3(out / "tiny", train_small_tokenizer(domain_corpus(["mock"]), out / "tokenizer"))
 

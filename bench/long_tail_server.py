@@ -82,10 +82,7 @@ def canned_server_class():
     constant, as bench/harness.py's canned engine answers) and the prefix-cache lookup over recent prompts. With
     them, on 2 cores, this process saturated a core and set the pace of the over-sampled steps (`--score`)."""
     from tau2_rl_pipeline.rollout.engines import GenerateResult
-    from tau2_rl_pipeline.testing.loopback_server import (
-        LoopbackServer,
-        truncate_scripted,
-    )
+    from tau2_rl_pipeline.testing.loopback_server import LoopbackServer, truncate_scripted
 
     class CannedLoopbackServer(LoopbackServer):
         def _cached_tokens(self, input_ids: list[int]) -> int:

@@ -35,12 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import PROFILES, load_tokenizer  # noqa: E402
 
 from tau2_rl_pipeline.benchmark.actions import render_assistant_text  # noqa: E402
-from tau2_rl_pipeline.benchmark.prompting import (  # noqa: E402
-    agent_system_prompt,
-    assistant_chat_message,
-    render,
-    tool_schemas,
-)
+from tau2_rl_pipeline.benchmark.prompting import agent_system_prompt, assistant_chat_message, render, tool_schemas  # noqa: E402
 from tau2_rl_pipeline.rollout.engines import sglang_generate_body  # noqa: E402
 from tau2_rl_pipeline.rollout.tokens import ObservationTemplate, TokenBuffer  # noqa: E402
 

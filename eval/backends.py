@@ -58,19 +58,22 @@ def check_model_dir(path: Path, flag: str) -> None:
         raise SetupError(f"{flag} {path}: no config.json there; pass a Hugging Face model directory")
 
 
-def check_sglang(url: str, timeout_s: float = HEALTH_TIMEOUT_S) -> None:
-    """GET <url>/health: SGLang servers and routers answer 200 once they can serve."""
-    if not url.startswith(("http://", "https://")):
-        raise SetupError(f"--sglang-url {url!r} must start with http:// or https://")
-    health = url.rstrip("/") + "/health"
-    try:
-        response = httpx.get(health, timeout=timeout_s)
-    except httpx.HTTPError as e:
-        raise SetupError(f"cannot reach the SGLang server at {url} ({type(e).__name__}); start it "
-                         "(python -m sglang.launch_server ...) or pass the right --sglang-url") from None
-    if response.status_code != 200:
-        raise SetupError(f"the SGLang server at {url} is not ready (GET /health: HTTP {response.status_code}); "
-                         "wait for it to finish loading or check its log")
+def check_sglang(urls: str, timeout_s: float = HEALTH_TIMEOUT_S) -> None:
+    """GET <url>/health of each server (a router's URL, or several servers' comma-separated): SGLang servers and
+    routers answer 200 once they can serve."""
+    for url in urls.split(","):
+        url = url.strip()
+        if not url.startswith(("http://", "https://")):
+            raise SetupError(f"--sglang-url {url!r} must start with http:// or https://")
+        health = url.rstrip("/") + "/health"
+        try:
+            response = httpx.get(health, timeout=timeout_s)
+        except httpx.HTTPError as e:
+            raise SetupError(f"cannot reach the SGLang server at {url} ({type(e).__name__}); start it "
+                             "(python -m sglang.launch_server ...) or pass the right --sglang-url") from None
+        if response.status_code != 200:
+            raise SetupError(f"the SGLang server at {url} is not ready (GET /health: HTTP {response.status_code}); "
+                             "wait for it to finish loading or check its log")
 
 
 def load_tokenizer(path: Path, flag: str) -> Any:

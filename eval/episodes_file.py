@@ -25,10 +25,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from tau2_rl_pipeline.benchmark.tau2_version import (
-    BenchmarkMismatch,
-    check_same_benchmark,
-)
+from tau2_rl_pipeline.benchmark.tau2_version import BenchmarkMismatch, check_same_benchmark
 from tau2_rl_pipeline.files import atomic_write_bytes
 
 FORMAT = 1

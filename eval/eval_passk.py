@@ -31,6 +31,8 @@ import tau2_rl_pipeline  # noqa: F401  (offline litellm and quiet tau2 logging b
 from eval import backends
 from eval.args import build_parser
 from eval.backends import SetupError
+from eval.compare import check_comparable
+from eval.compare_cli import load_run
 from eval.episodes_file import EpisodesFile, EpisodesFileError, Key, secret_values
 from eval.plan import EPISODE_SETTINGS, output_paths, prepare, run_settings
 from eval.runner import run_episodes, run_episodes_on_sglang
@@ -56,13 +58,7 @@ async def _evaluate(pending: Sequence[tuple[str, Any, int]], args: argparse.Name
 
 
 def _progress(console: Any, total: int, done: dict[Key, dict]) -> tuple[Any, Callable[[dict], None]]:
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-    )
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from tau2_rl_pipeline.metrics import is_success
 
@@ -98,6 +94,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         plan, cfg, sampling, setup = prepare(args)
         settings = run_settings(args, cfg, sampling, setup["model"], setup["tokenizer_name"], plan)
+        args.baseline = None
+        if args.compare is not None:  # refused now, not after the run: a comparison that cannot be made
+            args.baseline = load_run(args.compare)
+            check_comparable(args.baseline["settings"], settings)
         paths = output_paths(args.output, list(plan.tasks))
         secrets = secret_values()
         log = EpisodesFile(paths["episodes"], {k: settings[k] for k in EPISODE_SETTINGS},

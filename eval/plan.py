@@ -18,50 +18,52 @@ from eval.episodes_file import Key
 from eval.submission import check_submittable
 from tau2_rl_pipeline.benchmark import judge
 from tau2_rl_pipeline.benchmark.tasks import TaskLookupError, check_split, load_tasks
-from tau2_rl_pipeline.benchmark.tau2_version import (
-    VERSION,
-    benchmark_id,
-    check_retrieval_variant,
-    needs_judge,
-)
-from tau2_rl_pipeline.benchmark.users import (
-    llm_user_args,
-    make_user_factory,
-    user_client_kind,
-)
+from tau2_rl_pipeline.benchmark.tau2_version import VERSION, benchmark_id, check_retrieval_variant, needs_judge
+from tau2_rl_pipeline.benchmark.users import llm_user_args, make_user_factory, user_client_kind
 from tau2_rl_pipeline.config import Tau2Config, config_from_args
 from tau2_rl_pipeline.rollout.engines import SamplingParams
 
 
 def _safe_url(url: str | None) -> str | None:
-    """A URL without user:password@ (never write credentials into a result)."""
+    """A URL (or a comma-separated list of them) without user:password@ (never write credentials into a result)."""
     if not url:
         return url
-    parts = urlsplit(url)
-    host = parts.hostname or ""
-    netloc = host + (f":{parts.port}" if parts.port else "")
-    return urlunsplit(parts._replace(netloc=netloc))
+    safe = []
+    for one in url.split(","):
+        parts = urlsplit(one.strip())
+        host = parts.hostname or ""
+        netloc = host + (f":{parts.port}" if parts.port else "")
+        safe.append(urlunsplit(parts._replace(netloc=netloc)))
+    return ",".join(safe)
 
 
 @dataclass
 class Plan:
     tasks: dict[str, list[Any]]  # domain -> tau2 tasks, in tau2's order
     num_samples: int
+    runs: int = 1  # --runs: run r owns samples r*num_samples .. (r+1)*num_samples - 1, each with its own seed
+
+    @property
+    def trials(self) -> int:
+        """Episodes per task over all runs."""
+        return self.num_samples * self.runs
 
     def episodes(self) -> list[tuple[str, Any, int]]:
         """(domain, task, sample) for every episode the run owes, in a stable order."""
-        return [(d, t, s) for d, ts in self.tasks.items() for t in ts for s in range(self.num_samples)]
+        return [(d, t, s) for d, ts in self.tasks.items() for t in ts for s in range(self.trials)]
 
     def keys(self) -> list[Key]:
         return [(d, t.id, s) for d, t, s in self.episodes()]
 
 
-def make_plan(domains: Sequence[str], split: str, task_ids: Sequence[str] | None, num_samples: int) -> Plan:
+def make_plan(domains: Sequence[str], split: str, task_ids: Sequence[str] | None, num_samples: int,
+              runs: int = 1) -> Plan:
     """Tasks per domain; unknown domains, splits and task ids are one-line TaskLookupErrors."""
     if not domains:
         raise TaskLookupError("--domains is empty; pass e.g. airline,retail,telecom")
-    if num_samples < 1:
-        raise TaskLookupError(f"--num-samples must be >= 1, got {num_samples}")
+    for flag, value in (("--num-samples", num_samples), ("--runs", runs)):
+        if value < 1:
+            raise TaskLookupError(f"{flag} must be >= 1, got {value}")
     tasks = {d: load_tasks(d, check_split(d, split)) for d in domains}
     if task_ids:
         known = {t.id for ts in tasks.values() for t in ts}
@@ -73,7 +75,7 @@ def make_plan(domains: Sequence[str], split: str, task_ids: Sequence[str] | None
         empty = [d for d, ts in tasks.items() if not ts]
         if empty:
             raise TaskLookupError(f"none of --task-ids is in domain(s) {', '.join(empty)}; drop them from --domains")
-    return Plan(tasks, num_samples)
+    return Plan(tasks, num_samples, runs)
 
 
 # Settings that change what an episode produces: a resumed run must match them (the episode file header).
@@ -103,7 +105,7 @@ def run_settings(args: argparse.Namespace, cfg: Tau2Config, sampling: SamplingPa
         "user_temperature": cfg.user_temperature if llm else None,
         "user_client": user_client_kind(cfg) if llm else None,  # informational: both send the same requests
         "domains": list(args.domain_list), "task_split": args.task_split, "task_ids": args.task_id_list,
-        "num_samples": args.num_samples,
+        "num_samples": args.num_samples, "runs": args.runs,
         "sampling": {"temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": sampling.top_k,
                      "max_new_tokens": sampling.max_new_tokens, "stop_token_ids": list(sampling.stop_token_ids)},
         "seed": args.seed, "max_turns": cfg.max_turns, "max_steps": cfg.max_steps, "max_errors": cfg.max_errors,
@@ -179,7 +181,7 @@ def prepare(args: argparse.Namespace) -> tuple[Plan, Tau2Config, SamplingParams,
     if args.max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     SamplingParams(args.temperature, args.top_p, args.top_k, args.max_new_tokens)  # bad values: one-line error
-    plan = make_plan(args.domain_list, args.task_split, args.task_id_list, args.num_samples)
+    plan = make_plan(args.domain_list, args.task_split, args.task_id_list, args.num_samples, args.runs)
     if args.submission is not None:
         check_submittable(VERSION, list(plan.tasks))  # SubmissionError: 26.3, or no leaderboard domain
     check_retrieval_variant(list(plan.tasks), cfg.retrieval_variant)  # banking_knowledge: RetrievalVariantError

@@ -93,6 +93,34 @@ def failures_table(metrics: dict[str, Any]) -> Table:
     return table
 
 
+# Behaviour monitors (benchmark/monitors.py): summary key -> what the row says
+BEHAVIOUR_ROWS = (("tool_calls_mean", "tool calls / episode"), ("over_actions_mean", "over-actions / episode"),
+                  ("over_action_share", "episodes with an over-action"), ("repeated_reads_mean",
+                                                                          "repeated reads / episode"),
+                  ("transfer_share", "episodes with a transfer"), ("refused_share", "episodes with a refusal"),
+                  ("agent_ended_share", "ended by the agent"), ("user_ended_share", "ended by the user"),
+                  ("limit_ended_share", "ended otherwise (limits)"), ("max_turns_share", "max turns/steps endings"),
+                  ("max_errors_share", "max errors endings"),
+                  ("successes_without_action_check_share", "successes whose task has no ACTION check"))
+# the shares the chart draws (each in [0, 1])
+BEHAVIOUR_BARS = (("over_action_share", "over-action"), ("transfer_share", "transfer"), ("refused_share", "refusal"),
+                  ("agent_ended_share", "agent ended"), ("limit_ended_share", "limit ended"),
+                  ("successes_without_action_check_share", "successes w/o ACTION check"))
+
+
+def behaviour_table(behaviour: dict[str, Any]) -> Table:
+    """Rows = behaviour monitors, columns = scopes with their episode counts ('-': nothing to take a share of)."""
+    table = Table(title="Behaviour monitors (scored episodes): what the agent did beyond its reward",
+                  caption="over-action = a write matching no gold action; repeated read = the same read again "
+                          "with no write between")
+    table.add_column("monitor", style="bold")
+    for scope, b in behaviour.items():
+        table.add_column(f"{scope}\nE={b['episodes']} eps", justify="right")
+    for key, label in BEHAVIOUR_ROWS:
+        table.add_row(label, *("-" if b.get(key) is None else f"{b[key]:.3f}" for b in behaviour.values()))
+    return table
+
+
 # ---------------------------------------------------------------------------------------------------
 # Chart
 
@@ -138,7 +166,12 @@ def render_chart(summary: dict[str, Any], path: Path, title: str | None = None) 
     legend = {"pass@1": "pass@1", "pass@n": f"pass@{n_text} (any of {n_text})",
               "pass^n": f"pass^{n_text} (all of {n_text})"}
     fig_width = max(8.0, 2.2 * len(groups))
-    fig, ax = plt.subplots(figsize=(fig_width, 5.0))
+    behaviour = {scope: b for scope, b in (summary.get("behaviour") or {}).items() if b.get("episodes")}
+    if behaviour:  # a second panel: the behaviour monitors' shares per scope
+        fig, (ax, bx) = plt.subplots(2, 1, figsize=(fig_width, 8.5), gridspec_kw={"height_ratios": [5, 3.5]})
+        behaviour_panel(bx, behaviour)
+    else:
+        fig, ax = plt.subplots(figsize=(fig_width, 5.0))
     labelled: set[str] = set()
     for x, g in enumerate(groups):
         for j, (name, entry) in enumerate(g["bars"]):
@@ -160,6 +193,22 @@ def render_chart(summary: dict[str, Any], path: Path, title: str | None = None) 
     fig.savefig(buf, format="png", dpi=120)
     plt.close(fig)
     atomic_write_bytes(Path(path), buf.getvalue())
+
+
+def behaviour_panel(ax: Any, behaviour: dict[str, Any]) -> None:
+    """Grouped bars per scope: each BEHAVIOUR_BARS share (a missing one, e.g. no success yet, is left out)."""
+    width = 0.8 / len(BEHAVIOUR_BARS)
+    for j, (key, label) in enumerate(BEHAVIOUR_BARS):
+        xs = [x for x, b in enumerate(behaviour.values()) if b.get(key) is not None]
+        values = [b[key] for b in behaviour.values() if b.get(key) is not None]
+        ax.bar([x + (j - (len(BEHAVIOUR_BARS) - 1) / 2) * width for x in xs], values, width, label=label)
+    ax.set_xticks(range(len(behaviour)), [f"{scope}\nE={b['episodes']} eps" for scope, b in behaviour.items()],
+                  fontsize=8)
+    ax.set_ylim(0, 1.45)  # the legend's two rows sit above 1
+    ax.set_yticks([0, 0.25, 0.5, 0.75, 1.0])
+    ax.set_ylabel("share of scored episodes\n(last: of successes)", fontsize=8)
+    ax.set_title("Behaviour monitors", fontsize=9)
+    ax.legend(loc="upper center", fontsize=7, ncol=3)
 
 
 def main(argv: list[str] | None = None) -> int:

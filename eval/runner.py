@@ -20,16 +20,11 @@ from typing import Any
 from tau2.utils.utils import get_now
 
 from tau2_rl_pipeline.benchmark.episode import build_environment
+from tau2_rl_pipeline.benchmark.monitors import monitors
 from tau2_rl_pipeline.config import Tau2Config
 from tau2_rl_pipeline.learning.reward import partial_score
 from tau2_rl_pipeline.rollout.engines import SamplingParams, SGLangEngine
-from tau2_rl_pipeline.rollout.episode_loop import (
-    Trajectory,
-    episode_threads,
-    off_loop,
-    run_episode,
-    shared_executor,
-)
+from tau2_rl_pipeline.rollout.episode_loop import Trajectory, episode_threads, off_loop, run_episode, shared_executor
 
 logger = logging.getLogger("eval_passk")
 EPISODE_ERROR = "episode_error"  # termination reason of an episode that raised (recorded as aborted)
@@ -42,8 +37,9 @@ def episode_seed(seed: int, domain: str, task_id: str, sample: int) -> int:
 
 
 def episode_record(traj: Trajectory, *, sample: int, seed: int, started_at: str, ended_at: str,
-                   cfg: Tau2Config) -> dict[str, Any]:
-    """One finished episode as one JSON-ready record; partial is 0 for an episode with no tau2 evaluation."""
+                   cfg: Tau2Config, monitors: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One finished episode as one JSON-ready record; partial is 0 for an episode with no tau2 evaluation;
+    `monitors`: its behaviour monitors (benchmark/monitors.py)."""
     partial = partial_score(traj.reward_info, traj.domain, cfg)[0] if traj.reward_info is not None else 0.0
     return {
         "domain": traj.domain, "task_id": traj.task_id, "sample": sample, "seed": seed, "status": traj.status,
@@ -54,6 +50,7 @@ def episode_record(traj: Trajectory, *, sample: int, seed: int, started_at: str,
         "tokens": {"prompt": len(traj.prompt_ids), "response": len(traj.response_ids),
                    "policy": sum(traj.loss_mask)},
         "timings": traj.timings, "started_at": started_at, "ended_at": ended_at, "judge": traj.judge,
+        "monitors": monitors,
         "reward_info": traj.reward_info.model_dump(mode="json") if traj.reward_info is not None else None,
         "messages": [m.model_dump(mode="json") for m in traj.messages],
     }
@@ -67,7 +64,7 @@ def failed_record(domain: str, task_id: str, sample: int, seed: int, error: str,
         "reward": 0.0, "partial": 0.0, "termination_reason": EPISODE_ERROR, "turns": 0, "parse_errors": 0,
         "refused_calls": 0, "unknown_tool_calls": 0, "user_tool_calls_by_agent": 0, "refused_call_ids": [],
         "error": error, "tokens": {"prompt": 0, "response": 0, "policy": 0}, "timings": {"total_s": seconds},
-        "started_at": started_at, "ended_at": ended_at, "reward_info": None, "messages": [],
+        "started_at": started_at, "ended_at": ended_at, "reward_info": None, "messages": [], "monitors": None,
     }
 
 
@@ -92,8 +89,9 @@ async def run_episodes(pending: Sequence[tuple[str, Any, int]], *, engine: Any, 
                 traj = await run_episode(domain, task, engine, tokenizer, user_factory(task, environment),
                                          replace(sampling, seed=ep_seed), cfg, environment=environment,
                                          executor=executor)
-                record = episode_record(traj, sample=sample, seed=ep_seed, started_at=started,
-                                        ended_at=get_now(), cfg=cfg)
+                record = episode_record(traj, sample=sample, seed=ep_seed, started_at=started, ended_at=get_now(),
+                                        cfg=cfg, monitors=monitors(domain, task, traj.messages,
+                                                                   traj.termination_reason))
             except Exception as e:  # noqa: BLE001 -- one broken episode is recorded, the others go on
                 error = f"{type(e).__name__}: {e}".splitlines()[0][:500]
                 record = failed_record(domain, task.id, sample, ep_seed, error, started, get_now(),

@@ -83,7 +83,7 @@ def build_submission(summary: Mapping[str, Any], domain_results: Mapping[str, Ma
     parts = [CUSTOM_NOTE] if trained_on_tau2 else []
     parts.append(f"Evaluated with tau2-bench {version} on the {settings['task_split']!r} split"
                  + (f" (tasks {', '.join(settings['task_ids'])})" if settings.get("task_ids") else "")
-                 + f", {settings['num_samples']} trials per task, task-set hash "
+                 + f", {settings['num_samples'] * settings.get('runs', 1)} trials per task, task-set hash "
                  f"{summary['benchmark']['task_set_hash']}.")
     if judge:
         parts.append(f"NL assertions judged by {judge['model']}.")

@@ -21,23 +21,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from tau2.data_model.simulation import (
-    AgentInfo,
-    Info,
-    Results,
-    SimulationRun,
-    TerminationReason,
-    UserInfo,
-)
+from tau2.data_model.simulation import AgentInfo, Info, Results, SimulationRun, TerminationReason, UserInfo
 from tau2.data_model.tasks import Task
 from tau2.user.user_simulator import get_global_user_sim_guidelines
 
 from tau2_rl_pipeline.benchmark.episode import without_refused_calls
-from tau2_rl_pipeline.benchmark.tau2_version import (
-    DEFAULT_RETRIEVAL_VARIANT,
-    env_kwargs,
-    retrieval_info,
-)
+from tau2_rl_pipeline.benchmark.tau2_version import DEFAULT_RETRIEVAL_VARIANT, env_kwargs, retrieval_info
 
 AGENT_IMPLEMENTATION = "tau2_rl_pipeline.rollout.episode_loop"  # what tau2's Info.agent_info.implementation names
 _REASONS = {r.value for r in TerminationReason}

@@ -160,11 +160,8 @@ export DATA_DIR="${DATA_DIR:-${TAU2_OUT_DIR}/data}"
 export CKPT_DIR="${CKPT_DIR:-${TAU2_OUT_DIR}/checkpoints}"
 export LOG_DIR="${LOG_DIR:-${TAU2_OUT_DIR}/logs}"
 
-# What each stage reads and writes (pipeline.sh and the stage scripts agree through these).
-export HF_MODEL_ID="${HF_MODEL_ID:-Qwen/Qwen3-4B-Instruct-2507}"
-export BASE_HF_DIR="${BASE_HF_DIR:-${MODEL_DIR}/Qwen3-4B-Instruct-2507}"
-export BASE_TORCH_DIST_DIR="${BASE_TORCH_DIST_DIR:-${MODEL_DIR}/Qwen3-4B-Instruct-2507_torch_dist}"
-export MODEL_ARGS_SCRIPT="${MODEL_ARGS_SCRIPT:-${SCRIPTS_DIR}/models/qwen3-4B-Instruct-2507.sh}"
+# What each stage reads and writes (pipeline.sh and the stage scripts agree through these). The base model's
+# (HF_MODEL_ID, BASE_HF_DIR, BASE_TORCH_DIST_DIR, MODEL_ARGS_SCRIPT) follow MODEL: see "model preset" below.
 export DOMAINS="${DOMAINS:-airline,retail,telecom}"
 export TASKS_DIR="${TASKS_DIR:-${DATA_DIR}/tasks}"
 export SEED_DATA="${SEED_DATA:-${DATA_DIR}/sft_seed.jsonl}"
@@ -177,9 +174,8 @@ export SFT_HF_DIR="${SFT_HF_DIR:-${MODEL_DIR}/sft_hf}"
 export RFT_CKPT_DIR="${RFT_CKPT_DIR:-${CKPT_DIR}/rft}"
 export GRPO_CKPT_DIR="${GRPO_CKPT_DIR:-${CKPT_DIR}/grpo}"
 export GRPO_HF_DIR="${GRPO_HF_DIR:-${MODEL_DIR}/grpo_hf}"
-for _path_var in SLIME_DIR MEGATRON_DIR TAU2_OUT_DIR MODEL_DIR DATA_DIR CKPT_DIR LOG_DIR BASE_HF_DIR \
-  BASE_TORCH_DIST_DIR MODEL_ARGS_SCRIPT TASKS_DIR SEED_DATA RFT_DATA SFT_CKPT_DIR SFT_HF_DIR RFT_CKPT_DIR \
-  GRPO_CKPT_DIR GRPO_HF_DIR; do
+for _path_var in SLIME_DIR MEGATRON_DIR TAU2_OUT_DIR MODEL_DIR DATA_DIR CKPT_DIR LOG_DIR TASKS_DIR SEED_DATA \
+  RFT_DATA SFT_CKPT_DIR SFT_HF_DIR RFT_CKPT_DIR GRPO_CKPT_DIR GRPO_HF_DIR; do
   export "${_path_var}=$(abs_path "${!_path_var}")"
 done
 # One loss-mask type for SFT and GRPO (the original used qwen3 for SFT and slime's default qwen for GRPO).
@@ -197,25 +193,24 @@ export POLICY_PORT="${POLICY_PORT:-30000}"
 require_uint POLICY_PORT "${POLICY_PORT}"
 
 # ---- GPU layout: which GPUs train/serve the policy and which serve the user simulator ------------------------
-#   8: policy 0-3 (Megatron TP2 x DP2, 4 colocated SGLang engines) | user simulator 4-7 (TP1 x DP4)   [default]
-#   4: policy 0-1 (TP2 x DP1, 2 engines)                              | user simulator 2-3 (TP1 x DP2)
-#   2: policy 0   (TP1, 1 engine)                                    | user simulator 1   (TP1)
-# POLICY_GPUS, USER_SIM_GPUS, TRAIN_TP and USER_SIM_TP override single values of the chosen layout.
+#   8: policy 0-3 (slime training + colocated SGLang engines)  | user simulator 4-7 (TP1 x DP4)   [default]
+#   4: policy 0-1                                                | user simulator 2-3 (TP1 x DP2)
+#   2: policy 0                                                  | user simulator 1   (TP1)
+# POLICY_GPUS, USER_SIM_GPUS and USER_SIM_TP override single values of the chosen layout; how the policy GPUs are
+# parallelised (TRAIN_TP, ...) follows the model preset below.
 export TAU2_GPU_LAYOUT="${TAU2_GPU_LAYOUT:-8}"
 case "${TAU2_GPU_LAYOUT}" in
-  8) _policy_gpus=0,1,2,3 _user_sim_gpus=4,5,6,7 _train_tp=2 ;;
-  4) _policy_gpus=0,1 _user_sim_gpus=2,3 _train_tp=2 ;;
-  2) _policy_gpus=0 _user_sim_gpus=1 _train_tp=1 ;;
+  8) _policy_gpus=0,1,2,3 _user_sim_gpus=4,5,6,7 ;;
+  4) _policy_gpus=0,1 _user_sim_gpus=2,3 ;;
+  2) _policy_gpus=0 _user_sim_gpus=1 ;;
   *) die "TAU2_GPU_LAYOUT=${TAU2_GPU_LAYOUT} is not one of: 8, 4, 2" ;;
 esac
 export POLICY_GPUS="${POLICY_GPUS:-${_policy_gpus}}"
 export USER_SIM_GPUS="${USER_SIM_GPUS:-${_user_sim_gpus}}"
-export TRAIN_TP="${TRAIN_TP:-${_train_tp}}"
 export USER_SIM_TP="${USER_SIM_TP:-1}"
 for _name in POLICY_GPUS USER_SIM_GPUS; do
   [[ "${!_name}" =~ ^[0-9]+(,[0-9]+)*$ ]] || die "${_name}=${!_name} must be comma-separated GPU ids, e.g. 0,1"
 done
-require_uint TRAIN_TP "${TRAIN_TP}"
 require_uint USER_SIM_TP "${USER_SIM_TP}"
 for _id in ${POLICY_GPUS//,/ }; do
   [[ ",${USER_SIM_GPUS}," == *",${_id},"* ]] && die "GPU ${_id} is in both POLICY_GPUS=${POLICY_GPUS} and USER_SIM_GPUS=${USER_SIM_GPUS}"
@@ -223,19 +218,73 @@ done
 NUM_POLICY_GPUS="$(gpu_count "${POLICY_GPUS}")"
 NUM_USER_SIM_GPUS="$(gpu_count "${USER_SIM_GPUS}")"
 export NUM_POLICY_GPUS NUM_USER_SIM_GPUS
-((NUM_POLICY_GPUS % TRAIN_TP == 0)) || die "TRAIN_TP=${TRAIN_TP} does not divide the ${NUM_POLICY_GPUS} policy GPUs (${POLICY_GPUS})"
 ((NUM_USER_SIM_GPUS % USER_SIM_TP == 0)) || die "USER_SIM_TP=${USER_SIM_TP} does not divide the ${NUM_USER_SIM_GPUS} user-simulator GPUs (${USER_SIM_GPUS})"
-unset _name _id _policy_gpus _user_sim_gpus _train_tp
+unset _name _id _policy_gpus _user_sim_gpus
+# The nodes: one, a hostfile's, or a running cluster's (NUM_NODES, GPUS_PER_NODE, HOSTFILE, RAY_ADDRESS, interfaces).
+# shellcheck source=cluster.sh
+source "${SCRIPTS_DIR}/cluster.sh"
 
 # Loopback traffic (Ray job API, SGLang) must not go through a proxy.
 export no_proxy="127.0.0.1,localhost${no_proxy:+,${no_proxy}}"
 export NO_PROXY="${no_proxy}"
 
+# ---- model preset and parallel layout (docs/training-at-scale.md) ----------------------------------------------
+# MODEL picks a preset of tau2_rl_pipeline/scale/presets.py (qwen3-1.7b, qwen3-4b-instruct-2507 [default],
+# qwen3-8b, qwen3-14b, qwen3-30b-a3b): the model, its Megatron flags (scripts/models/), and for the training world
+# (nodes x policy GPUs a node) the parallel layout (TRAIN_TP, TRAIN_PP, TRAIN_CP, TRAIN_EP, CPU_ADAM), the max
+# tokens per GPU, SGLang's memory fraction and GPUs per engine (ROLLOUT_GPUS_PER_ENGINE), and the learning rates and
+# batch sizes that depend on size. RECIPE=qwen3-8b-tau2 adds the published Qwen3-8B protocol's GRPO settings. Each
+# is a default: a variable set in the environment wins. size_stage (below) prints the sizing sheet and refuses,
+# in one line, a layout that cannot fit.
+export MODEL="${MODEL:-}" RECIPE="${RECIPE:-}"
+SIZING_FORCE="$(bool_setting SIZING_FORCE "${SIZING_FORCE:-0}")"
+PRESET_USER_SET=""  # names the environment set before the preset filled in the rest: never overridden
+PRESET_APPLIED=0
+# This machine's python3 (PYTHON is the Ray job's, perhaps only in the container): scale/ is stdlib only.
+scale_cli() { PYTHONPATH="${TAU2_ROOT}${PYTHONPATH:+:${PYTHONPATH}}" python3 -m tau2_rl_pipeline.scale.cli "$@"; }
+# apply_preset WORLD: the preset's defaults for WORLD training GPUs (again with the asynchronous split's world).
+apply_preset() {
+  local out key value
+  out="$(scale_cli defaults --model "${MODEL}" --recipe "${RECIPE}" --world "$1" 2>&1)" || die "${out#error: }"
+  while IFS='=' read -r key value; do
+    if [[ "${PRESET_APPLIED}" == 0 && -n "${!key:-}" ]]; then PRESET_USER_SET+=" ${key} "; fi
+    [[ "${PRESET_USER_SET}" == *" ${key} "* ]] || export "${key}=${value}"
+  done <<<"${out}"
+  PRESET_APPLIED=1
+}
+require_uint NUM_NODES "${NUM_NODES:-1}"
+apply_preset "$((NUM_NODES * GPUS_PER_NODE))"
+export MODEL_ARGS_SCRIPT="${MODEL_ARGS_SCRIPT:-${SCRIPTS_DIR}/models/${MODEL_FILE}}"
+export BASE_HF_DIR="${BASE_HF_DIR:-${MODEL_DIR}/${MODEL_DIR_NAME}}"
+export BASE_TORCH_DIST_DIR="${BASE_TORCH_DIST_DIR:-${MODEL_DIR}/${MODEL_DIR_NAME}_torch_dist}"
+# The user simulator and the judge stay on Qwen3-4B-Instruct-2507 whatever MODEL trains (download.sh fetches it).
+export USER_SIM_HF_ID="${USER_SIM_HF_ID:-Qwen/Qwen3-4B-Instruct-2507}"
+export USER_SIM_HF_DIR="${USER_SIM_HF_DIR:-${MODEL_DIR}/${USER_SIM_HF_ID##*/}}"
+for _path_var in BASE_HF_DIR BASE_TORCH_DIST_DIR MODEL_ARGS_SCRIPT USER_SIM_HF_DIR; do
+  export "${_path_var}=$(abs_path "${!_path_var}")"
+done
+for _name in TRAIN_TP TRAIN_PP TRAIN_CP TRAIN_EP ROLLOUT_GPUS_PER_ENGINE; do require_uint "${_name}" "${!_name}"; done
+CPU_ADAM="$(bool_setting CPU_ADAM "${CPU_ADAM}")"
+((NUM_POLICY_GPUS % TRAIN_TP == 0)) || die "TRAIN_TP=${TRAIN_TP} does not divide the ${NUM_POLICY_GPUS} policy GPUs (${POLICY_GPUS})"
+unset _name _path_var
+
+# size_stage STAGE [flags of tau2_rl_pipeline.scale.cli check]: print the sizing sheet of this stage's layout
+# (parameters, memory per training and SGLang GPU, the rollout step's work) and stop with one line if it cannot
+# fit; SIZING_FORCE=1 makes that a warning (the estimate is conservative; the contract tier uses it).
+size_stage() {
+  local stage=$1
+  shift
+  local -a turns=()
+  [[ -n "${TAU2_MAX_TURNS:-}" ]] && turns=(--max-turns "${TAU2_MAX_TURNS}")
+  scale_cli check --prog "${PROG}" --name "${MODEL}" --model-file "${MODEL_ARGS_SCRIPT}" --stage "${stage}" \
+    --tp "${TRAIN_TP}" --pp "${TRAIN_PP}" --cp "${TRAIN_CP}" --ep "${TRAIN_EP}" --cpu-adam "${CPU_ADAM}" \
+    --engine-gpus "${ROLLOUT_GPUS_PER_ENGINE}" --force "${SIZING_FORCE}" "${turns[@]}" "$@" || exit 1
+}
+
 # ---- slime / Ray ----------------------------------------------------------------------------------------------
 export RAY_DASHBOARD_PORT="${RAY_DASHBOARD_PORT:-8265}"
 export RAY_GCS_PORT="${RAY_GCS_PORT:-6379}"
 export MASTER_ADDR="${MASTER_ADDR:-127.0.0.1}"
-RAY_STARTED=0
 
 source_model_args() {
   [[ -f "${MODEL_ARGS_SCRIPT}" ]] || die "model args script not found: ${MODEL_ARGS_SCRIPT}"
@@ -266,6 +315,11 @@ ray_runtime_env_json() {
     pairs+=("${name}" "${!name}")
   done < <(compgen -e | grep -E '^TAU2_' | sort)
   [[ -n "${WANDB_PROJECT:-}" ]] && pairs+=(WANDB_PROJECT "${WANDB_PROJECT}")
+  # As slime's multi-node scripts pass them; SLIME_HOST_IP is not among them (each node has its own).
+  pairs+=(MASTER_ADDR "${MASTER_ADDR}" no_proxy "${no_proxy}")
+  for name in GLOO_SOCKET_IFNAME NCCL_SOCKET_IFNAME; do
+    [[ -z "${!name:-}" ]] || pairs+=("${name}" "${!name}")
+  done
   for ((i = 0; i < ${#pairs[@]}; i += 2)); do
     item="$(json_string "${pairs[i]}"): $(json_string "${pairs[i + 1]}")"
     body+="${body:+, }${item}"
@@ -273,37 +327,33 @@ ray_runtime_env_json() {
   printf '{"env_vars": {%s}}' "${body}"
 }
 
-ray_stop_head() {
-  if [[ "${RAY_STARTED}" == 1 ]]; then
-    RAY_STARTED=0
-    run ray stop
-  fi
-}
-
-# Start a Ray head that sees only the policy GPUs, from slime's root (the job's driver and workers inherit that
-# directory); refuse to share a head that is already up (its GPUs are unknown).
+# Start a Ray head that sees only the policy GPUs, from slime's root, where ray_cluster_up went (the job's driver and
+# workers inherit that directory); refuse to share a head that is already up (its GPUs are unknown). The workers
+# (cluster.sh) join it; the EXIT trap stops them all.
 ray_start_head() {
-  enter_dir "${SLIME_DIR}"
   require_port_free "${RAY_GCS_PORT}" "Ray GCS; a Ray head already running? stop it with: ray stop"
   require_port_free "${RAY_DASHBOARD_PORT}" "Ray dashboard"
   require_gpus "${POLICY_GPUS}" "policy (slime)"
   require_tool ray "Ray ships in the slime image"
+  local temp_dir=()
+  [[ -z "${RAY_TEMP_DIR}" ]] || temp_dir=(--temp-dir "${RAY_TEMP_DIR}")
   run env CUDA_VISIBLE_DEVICES="${POLICY_GPUS}" ray start --head --node-ip-address "${MASTER_ADDR}" \
     --port "${RAY_GCS_PORT}" --num-gpus "${NUM_POLICY_GPUS}" --disable-usage-stats \
-    --dashboard-host 127.0.0.1 --dashboard-port "${RAY_DASHBOARD_PORT}"
+    --dashboard-host 127.0.0.1 --dashboard-port "${RAY_DASHBOARD_PORT}" "${temp_dir[@]}"
   RAY_STARTED=1
-  trap ray_stop_head EXIT
+  trap ray_stop_cluster EXIT
 }
 
 # Submit slime's entry point ($1: train.py or train_async.py) with the remaining arguments and wait for it.
-# The job runs slime from its own root, where ray_start_head left us, and names the entry point by its absolute path
-# (the original set Ray's working_dir to the cookbook, where train.py is not).
+# The job runs slime from its own root, where ray_cluster_up left us, and names the entry point by its absolute path
+# (the original set Ray's working_dir to the cookbook, where train.py is not); to the head this script started, or to
+# RAY_ADDRESS's.
 ray_submit() {
   local entry=$1
   shift
   local runtime_env
   runtime_env="$(ray_runtime_env_json)"
-  run ray job submit --address="http://127.0.0.1:${RAY_DASHBOARD_PORT}" \
+  run ray job submit --address="${RAY_JOBS_API}" \
     --runtime-env-json="${runtime_env}" -- "${PYTHON}" "${SLIME_DIR}/${entry}" "$@"
 }
 
@@ -325,9 +375,14 @@ perf_flags() {
   local max_tokens=$1
   printf '%s\n' --tensor-model-parallel-size "${TRAIN_TP}"
   ((TRAIN_TP > 1)) && printf '%s\n' --sequence-parallel
-  printf '%s\n' --pipeline-model-parallel-size 1 --context-parallel-size 1 \
+  printf '%s\n' --pipeline-model-parallel-size "${TRAIN_PP}" --context-parallel-size "${TRAIN_CP}" \
+    --expert-model-parallel-size "${TRAIN_EP}" --expert-tensor-parallel-size 1 \
     --recompute-granularity full --recompute-method uniform --recompute-num-layers 1 \
     --use-dynamic-batch-size --max-tokens-per-gpu "${max_tokens}"
+  # CPU Adam, as slime's run scripts spell it: optimizer states in host memory, stepped on the CPU.
+  if [[ "${CPU_ADAM}" == 1 ]]; then
+    printf '%s\n' --optimizer-cpu-offload --overlap-cpu-optimizer-d2h-h2d --use-precision-aware-optimizer
+  fi
 }
 
 # Megatron's dropout defaults to 0.1; fp32 reductions and softmax for stability (as slime's Qwen3 scripts do).
@@ -353,11 +408,25 @@ extra_flags() {
   ((${#extra[@]} == 0)) || printf '%s\n' "${extra[@]}"
 }
 
-# The user simulator's OpenAI-compatible endpoint, if it is local (TAU2_USER_API_BASE non-empty).
+# Each server of a URL list (a router's URL, or several servers' comma-separated, as the clients take them) answers
+# at URL+$2. $4=ray: a client inside the Ray job, which on several nodes may run on any of them, where a loopback URL
+# names another machine: refused (unless the nodes are themselves loopback addresses of this machine).
+require_servers() {
+  local urls=$1 suffix=$2 what=$3 where=${4:-} url
+  for url in ${urls//,/ }; do
+    if [[ "${where}" == ray ]] && ((NUM_NODES > 1)) && ! cluster_on_loopback && [[ "${url}" =~ ^https?://(127\.[0-9.]+|localhost|\[::1\])(:|/|$) ]]; then
+      die "${what} at ${url} is on loopback: on ${NUM_NODES} nodes the rollout runs on any of them; give an address every node reaches (a router's: scripts/start_router.sh)"
+    fi
+    require_server "${url%/}${suffix}" "${what}"
+  done
+}
+
+# The user simulator's OpenAI-compatible endpoint(s), if local (TAU2_USER_API_BASE non-empty: a server's or a
+# router's URL, or several servers' comma-separated). $1=ray: its client runs in the Ray job.
 require_user_sim() {
   if [[ -z "${TAU2_USER_API_BASE}" ]]; then
     note "TAU2_USER_API_BASE is empty: user simulator ${TAU2_USER_MODEL} at its provider's default endpoint"
     return 0
   fi
-  require_server "${TAU2_USER_API_BASE%/}/models" "user simulator (start it with scripts/start_user_sim.sh)"
+  require_servers "${TAU2_USER_API_BASE}" /models "user simulator (start it with scripts/start_user_sim.sh)" "${1:-}"
 }

@@ -19,7 +19,7 @@ require_uint RFT_NUM_SAMPLES "${RFT_NUM_SAMPLES}"
 require_number RFT_TEMPERATURE "${RFT_TEMPERATURE}"
 require_file "${SEED_DATA}" "seed SFT data (scripts/download.sh)"
 require_file "${RFT_HF_CHECKPOINT}/config.json" "the served policy checkpoint (RFT_HF_CHECKPOINT)"
-require_server "${RFT_POLICY_URL%/}/health" "policy server (scripts/start_policy_server.sh)"
+require_servers "${RFT_POLICY_URL}" /health "policy server (scripts/start_policy_server.sh)"
 require_user_sim
 
 enter_dir "${TAU2_ROOT}"

@@ -13,7 +13,7 @@ set -euo pipefail
 # shellcheck source-path=SCRIPTDIR source=common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
-JUDGE_MODEL_PATH="${JUDGE_MODEL_PATH:-${BASE_HF_DIR}}"
+JUDGE_MODEL_PATH="${JUDGE_MODEL_PATH:-${USER_SIM_HF_DIR}}"
 JUDGE_HOST="${JUDGE_HOST:-127.0.0.1}"
 JUDGE_GPUS="${JUDGE_GPUS:-${USER_SIM_GPUS}}"
 JUDGE_TP="${JUDGE_TP:-1}"

@@ -12,7 +12,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 POLICY_MODEL_PATH="${POLICY_MODEL_PATH:-${SFT_HF_DIR}}"
 POLICY_HOST="${POLICY_HOST:-127.0.0.1}"
-POLICY_TP="${POLICY_TP:-1}"
+POLICY_TP="${POLICY_TP:-${ROLLOUT_GPUS_PER_ENGINE}}"  # the preset's SGLang engine size
 POLICY_MEM_FRACTION="${POLICY_MEM_FRACTION:-0.7}"
 
 require_uint POLICY_TP "${POLICY_TP}"
@@ -23,6 +23,8 @@ POLICY_DP=$((NUM_POLICY_GPUS / POLICY_TP))
 require_file "${POLICY_MODEL_PATH}/config.json" "policy model (scripts/convert_megatron_to_hf.sh)"
 require_port_free "${POLICY_PORT}" "policy server"
 require_gpus "${POLICY_GPUS}" "policy server"
+size_stage policy-server --nodes 1 --gpus-per-node "${NUM_POLICY_GPUS}" --rollout-gpus "${NUM_POLICY_GPUS}" \
+  --engine-gpus "${POLICY_TP}" --mem-fraction "${POLICY_MEM_FRACTION}"
 note "layout ${TAU2_GPU_LAYOUT}: policy server on GPUs ${POLICY_GPUS} (TP${POLICY_TP} x DP${POLICY_DP})"
 
 launch_sglang "${POLICY_GPUS}" "${POLICY_MODEL_PATH}" "${POLICY_HOST}" "${POLICY_PORT}" "${POLICY_TP}" "${POLICY_DP}" \

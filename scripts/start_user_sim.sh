@@ -3,7 +3,7 @@
 # (the async one, or litellm) reaches as TAU2_USER_MODEL=openai/<served name> at TAU2_USER_API_BASE. Runs in the
 # foreground (pipeline.sh starts it in the background); stop it with Ctrl-C.
 #
-#   bash scripts/start_user_sim.sh            # serves ${BASE_HF_DIR} on 127.0.0.1:30001 by default
+#   bash scripts/start_user_sim.sh            # serves ${USER_SIM_HF_DIR} on 127.0.0.1:30001 by default
 #   DRY_RUN=1 bash scripts/start_user_sim.sh
 #
 # The served name and port come from TAU2_USER_MODEL and TAU2_USER_API_BASE, so the server is always where the
@@ -12,7 +12,7 @@ set -euo pipefail
 # shellcheck source-path=SCRIPTDIR source=common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
-USER_SIM_MODEL_PATH="${USER_SIM_MODEL_PATH:-${BASE_HF_DIR}}"
+USER_SIM_MODEL_PATH="${USER_SIM_MODEL_PATH:-${USER_SIM_HF_DIR}}"
 USER_SIM_HOST="${USER_SIM_HOST:-127.0.0.1}"
 USER_SIM_MEM_FRACTION="${USER_SIM_MEM_FRACTION:-0.85}"
 USER_SIM_TOOL_PARSER="${USER_SIM_TOOL_PARSER:-qwen25}"

@@ -13,16 +13,23 @@
 #                                rollout (a pool of episodes in flight across rollout boundaries; it calls our
 #                                custom generate through slime's generate_and_rm_group), stopped by an abort storm
 #                                (slime's worker alone would drop failing groups and wait for ever)
-#   GRPO_PARTIAL_ROLLOUT=1       --partial-rollout --mask-offpolicy-in-partial-rollout: episodes cut by slime's
-#                                abort at a weight update go back to slime's buffer instead of being lost, and no
-#                                token sampled by older weights is trained (slime masks a returned sample's old
-#                                response; our generate goes on with the episode where it was cut, its earlier
-#                                turns kept and masked: TAU2_PARTIAL_RESUME)
-#   GRPO_MASK_OFFPOLICY=1        with partial rollout, --mask-offpolicy-in-partial-rollout; 0 trains a resumed
-#                                episode's earlier turns too (slime masks every returned sample's old response,
-#                                which in P6 was 827 of 1346 trained turns), left to TIS to correct
+# In both modes (tests/contract/test_partial_rollout.py and test_slime_rollout.py run slime's own rollout code):
+#   GRPO_PARTIAL_ROLLOUT=1       --partial-rollout: an episode cut by the rollout (slime's end-of-rollout abort in
+#                                train.py; in train_async.py a weight update, whose /pause_generation aborts the
+#                                requests in flight) goes back to slime's buffer and, handed back, goes on where it
+#                                was cut (TAU2_PARTIAL_RESUME=1; 0 starts it again)
+#   GRPO_MASK_OFFPOLICY=1        --mask-offpolicy-in-partial-rollout: no token sampled by weights older than its
+#                                episode's last turn is trained (our generate masks each turn by the weight version
+#                                SGLang reported for it: a resumed episode's earlier turns, and in the async mode an
+#                                episode that met a weight update between two turns). 0 trains them, and is refused
+#                                unless TIS corrects them: slime's PPO ratio uses the log-probs the actor recomputes,
+#                                so without TIS they are trained as if on-policy
 #   GRPO_USE_TIS=1               --use-tis: truncated importance sampling with the rollout log-probs our generate
-#                                keeps, correcting for samples drawn by a policy one step behind
+#                                keeps. GRPO_ALGORITHM=awsft never uses TIS (slime's custom loss has no importance
+#                                ratio), so there GRPO_MASK_OFFPOLICY must stay 1
+#   always                       slime_plugins/batch.py: a group whose samples all aborted never takes a batch slot
+#                                (dynamic filter, reason all_aborted; the async worker requeues such groups itself),
+#                                and aborted samples are left out of the logged raw_reward, counted apart
 # Starts from GRPO_INIT_DIR's weights at rollout 0 without its optimizer state, with the same checkpoint as the KL
 # reference; resumes if GRPO_CKPT_DIR already holds a checkpoint. Every default below is overridable.
 set -euo pipefail
@@ -32,7 +39,7 @@ source_model_args
 
 GRPO_INIT_DIR="${GRPO_INIT_DIR:-${RFT_CKPT_DIR}}"
 GRPO_PROMPT_DATA="${GRPO_PROMPT_DATA:-${TASKS_DIR}/tau2_train_all_tasks.jsonl}"
-GRPO_WANDB_GROUP="${GRPO_WANDB_GROUP:-grpo-qwen3-4b}"
+GRPO_WANDB_GROUP="${GRPO_WANDB_GROUP:-grpo-${MODEL_SHORT}}"
 # GRPO defaults (the original cookbook's): 200 rollouts of 16 tasks x 4 samples, one optimizer step per rollout.
 GRPO_NUM_ROLLOUT="${GRPO_NUM_ROLLOUT:-200}"
 GRPO_ROLLOUT_BATCH_SIZE="${GRPO_ROLLOUT_BATCH_SIZE:-16}"
@@ -43,20 +50,31 @@ GRPO_EPS_CLIP_HIGH="${GRPO_EPS_CLIP_HIGH:-0.28}"
 GRPO_KL_LOSS_TYPE="${GRPO_KL_LOSS_TYPE:-low_var_kl}"
 GRPO_KL_LOSS_COEF="${GRPO_KL_LOSS_COEF:-0.01}"
 GRPO_ENTROPY_COEF="${GRPO_ENTROPY_COEF:-0.001}"
-GRPO_LR="${GRPO_LR:-1e-6}"
 GRPO_TEMPERATURE="${GRPO_TEMPERATURE:-0.7}"
 GRPO_MAX_RESPONSE_LEN="${GRPO_MAX_RESPONSE_LEN:-4096}"   # SGLang max_new_tokens per policy turn
 GRPO_SAVE_INTERVAL="${GRPO_SAVE_INTERVAL:-20}"
-GRPO_MAX_TOKENS_PER_GPU="${GRPO_MAX_TOKENS_PER_GPU:-12288}"
-GRPO_SGLANG_MEM_FRACTION="${GRPO_SGLANG_MEM_FRACTION:-0.7}"
+# GRPO_LR, GRPO_MAX_TOKENS_PER_GPU, GRPO_SGLANG_MEM_FRACTION and ROLLOUT_GPUS_PER_ENGINE follow the model preset
+# (common.sh; for the 4B: 1e-6, 12288, 0.7, 1); RECIPE=qwen3-8b-tau2 sets the batch, turns and steps above too.
 # grpo: slime's PPO-clip policy loss; awsft: advantage-weighted SFT (tau2_rl_pipeline/slime_plugins/awsft.py, a slime
-# custom loss) on the same episodes, advantages and KL reference.
+# custom loss) on the same episodes and KL reference, each episode weighted by the recipe's w (learning/awsft.py: its
+# reward over the task's reference pass rate, which the difficulty stage writes into GRPO_PROMPT_DATA's rows,
+# normalised over the rollout batch; the reward post-process computes it when slime's args name this loss).
 GRPO_ALGORITHM="${GRPO_ALGORITHM:-grpo}"
+# How both losses average over a step (a Tau2Config field, the same on the local path): sample_mean = slime's default,
+# each episode's token mean averaged over the step's episodes (AWSFT's per-example mean); token_mean = slime's
+# --calculate-per-token-loss, every trained token weighs the same.
+TAU2_LOSS_REDUCTION="${TAU2_LOSS_REDUCTION:-sample_mean}"
 # true: drop groups whose samples all got the same reward (no GRPO signal) and sample more (a Tau2Config field).
 FILTER_ZERO_STD="$(bool_setting TAU2_FILTER_ZERO_STD "${TAU2_FILTER_ZERO_STD:-0}")"
 GRPO_ASYNC="$(bool_setting GRPO_ASYNC "${GRPO_ASYNC:-0}")"
 GRPO_ASYNC_ROLLOUT_FUNCTION="${GRPO_ASYNC_ROLLOUT_FUNCTION:-tau2_rl_pipeline.slime_plugins.adapter.generate_rollout_fully_async}"
-GRPO_ASYNC_ROLLOUT_GPUS="${GRPO_ASYNC_ROLLOUT_GPUS:-$((NUM_POLICY_GPUS / 2))}"
+# Asynchronous GRPO's rollout GPUs: half of one node's; on several nodes, half the nodes (the actor gets the others).
+if ((NUM_NODES > 1)); then
+  HALF_THE_NODES=$((NUM_NODES / 2))
+  GRPO_ASYNC_ROLLOUT_GPUS="${GRPO_ASYNC_ROLLOUT_GPUS:-$((HALF_THE_NODES * GPUS_PER_NODE))}"
+else
+  GRPO_ASYNC_ROLLOUT_GPUS="${GRPO_ASYNC_ROLLOUT_GPUS:-$((GPUS_PER_NODE / 2))}"
+fi
 GRPO_PARTIAL_ROLLOUT="$(bool_setting GRPO_PARTIAL_ROLLOUT "${GRPO_PARTIAL_ROLLOUT:-1}")"
 GRPO_USE_TIS="$(bool_setting GRPO_USE_TIS "${GRPO_USE_TIS:-1}")"
 GRPO_MASK_OFFPOLICY="$(bool_setting GRPO_MASK_OFFPOLICY "${GRPO_MASK_OFFPOLICY:-1}")"
@@ -69,25 +87,38 @@ for name in GRPO_EPS_CLIP GRPO_EPS_CLIP_HIGH GRPO_KL_LOSS_COEF GRPO_ENTROPY_COEF
   GRPO_SGLANG_MEM_FRACTION; do
   require_number "${name}" "${!name}"
 done
+ROLLOUT_GPUS_PER_ENGINE="${ROLLOUT_GPUS_PER_ENGINE:-1}"  # GPUs of one SGLang engine (its tensor parallel size)
+require_uint ROLLOUT_GPUS_PER_ENGINE "${ROLLOUT_GPUS_PER_ENGINE}"
 require_choice GRPO_KL_LOSS_TYPE "${GRPO_KL_LOSS_TYPE}" k1 k2 k3 low_var_kl
 require_choice GRPO_ALGORITHM "${GRPO_ALGORITHM}" grpo awsft
+require_choice TAU2_LOSS_REDUCTION "${TAU2_LOSS_REDUCTION}" sample_mean token_mean
+if [[ "${GRPO_MASK_OFFPOLICY}" == 0 ]]; then
+  [[ "${GRPO_ALGORITHM}" == grpo ]] ||
+    die "GRPO_MASK_OFFPOLICY=0 would train turns sampled by older weights with nothing to correct them: GRPO_ALGORITHM=awsft never applies TIS; keep GRPO_MASK_OFFPOLICY=1"
+  [[ "${GRPO_USE_TIS}" == 1 ]] ||
+    die "GRPO_MASK_OFFPOLICY=0 with GRPO_USE_TIS=0 would train turns sampled by older weights as if on-policy (slime's PPO ratio ignores the rollout log-probs): set GRPO_USE_TIS=1 or GRPO_MASK_OFFPOLICY=1"
+fi
 SAMPLES=$((GRPO_ROLLOUT_BATCH_SIZE * GRPO_N_SAMPLES))
 ((SAMPLES % GRPO_GLOBAL_BATCH_SIZE == 0)) ||
   die "GRPO_GLOBAL_BATCH_SIZE=${GRPO_GLOBAL_BATCH_SIZE} must divide the ${SAMPLES} samples of a rollout"
-ACTOR_GPUS="${NUM_POLICY_GPUS}"
+CLUSTER_GPUS=$((NUM_NODES * GPUS_PER_NODE))
 if [[ "${GRPO_ASYNC}" == 1 ]]; then
-  ((NUM_POLICY_GPUS >= 2)) || die "GRPO_ASYNC=1 trains and rolls out on separate GPUs: it needs at least 2 policy GPUs, POLICY_GPUS=${POLICY_GPUS} has ${NUM_POLICY_GPUS}"
-  if ! [[ "${GRPO_ASYNC_ROLLOUT_GPUS}" =~ ^[1-9][0-9]*$ ]] || ((GRPO_ASYNC_ROLLOUT_GPUS >= NUM_POLICY_GPUS)); then
-    die "GRPO_ASYNC_ROLLOUT_GPUS=${GRPO_ASYNC_ROLLOUT_GPUS} must be between 1 and $((NUM_POLICY_GPUS - 1)) (the ${NUM_POLICY_GPUS} policy GPUs less at least one for training)"
+  ((CLUSTER_GPUS >= 2)) || die "GRPO_ASYNC=1 trains and rolls out on separate GPUs: it needs at least 2 policy GPUs, POLICY_GPUS=${POLICY_GPUS} has ${NUM_POLICY_GPUS}"
+  if ! [[ "${GRPO_ASYNC_ROLLOUT_GPUS}" =~ ^[1-9][0-9]*$ ]] || ((GRPO_ASYNC_ROLLOUT_GPUS >= CLUSTER_GPUS)); then
+    die "GRPO_ASYNC_ROLLOUT_GPUS=${GRPO_ASYNC_ROLLOUT_GPUS} must be between 1 and $((CLUSTER_GPUS - 1)) (the ${CLUSTER_GPUS} policy GPUs less at least one for training)"
   fi
   if [[ "${FILTER_ZERO_STD}" == 1 && "${GRPO_ASYNC_ROLLOUT_FUNCTION}" == *generate_rollout_fully_async ]]; then
     die "TAU2_FILTER_ZERO_STD=1 has no effect with GRPO_ASYNC=1: slime's fully async rollout applies no dynamic-sampling filter"
   fi
-  ACTOR_GPUS=$((NUM_POLICY_GPUS - GRPO_ASYNC_ROLLOUT_GPUS))
-  ((TRAIN_TP <= ACTOR_GPUS)) || TRAIN_TP="${ACTOR_GPUS}"
-  ((ACTOR_GPUS % TRAIN_TP == 0)) || die "TRAIN_TP=${TRAIN_TP} does not divide the ${ACTOR_GPUS} training GPUs of GRPO_ASYNC=1"
+  cluster_placement split "${GRPO_ASYNC_ROLLOUT_GPUS}"
+  apply_preset "$((ACTOR_NUM_NODES * ACTOR_GPUS_PER_NODE))"  # the layout of the training GPUs alone
+else
+  cluster_placement colocate
 fi
-DP=$((ACTOR_GPUS / TRAIN_TP))
+ACTOR_GPUS=$((ACTOR_NUM_NODES * ACTOR_GPUS_PER_NODE))
+((TRAIN_TP <= ACTOR_GPUS)) || TRAIN_TP="${ACTOR_GPUS}"
+((ACTOR_GPUS % TRAIN_TP == 0)) || die "TRAIN_TP=${TRAIN_TP} does not divide the ${ACTOR_GPUS} training GPUs"
+DP=$((ACTOR_GPUS / (TRAIN_TP * TRAIN_PP * TRAIN_CP)))
 ((GRPO_GLOBAL_BATCH_SIZE % DP == 0)) ||
   die "GRPO_GLOBAL_BATCH_SIZE=${GRPO_GLOBAL_BATCH_SIZE} is not a multiple of the data-parallel size ${DP}"
 if [[ "${GRPO_PROMPT_DATA}" == "${GRPO_TASKS}" ]]; then  # what scripts/pipeline.sh passes
@@ -95,14 +126,20 @@ if [[ "${GRPO_PROMPT_DATA}" == "${GRPO_TASKS}" ]]; then  # what scripts/pipeline
 else
   require_file "${GRPO_PROMPT_DATA}" "GRPO task index (python -m tau2_rl_pipeline.benchmark.tasks)"
 fi
+if [[ "${GRPO_ALGORITHM}" == awsft ]] && ! grep -q '"reference_pass_rate"' "${GRPO_PROMPT_DATA}"; then
+  note "GRPO_ALGORITHM=awsft: no task in ${GRPO_PROMPT_DATA} has a reference_pass_rate (the difficulty stage writes it): each weight follows the batch z-score of the rewards"
+fi
 require_dir "${GRPO_INIT_DIR}" "initial torch_dist checkpoint (scripts/train_rft.sh)"
 require_file "${BASE_HF_DIR}/config.json" "base model (scripts/download.sh)"
 require_dir "${SLIME_DIR}" "slime (SLIME_DIR)"
-require_user_sim
+require_user_sim ray
+size_stage grpo --nodes "${ACTOR_NUM_NODES}" --gpus-per-node "${ACTOR_GPUS_PER_NODE}" \
+  --rollout-gpus "${ROLLOUT_NUM_GPUS}" --colocated "$((1 - GRPO_ASYNC))" --max-tokens-per-gpu "${GRPO_MAX_TOKENS_PER_GPU}" \
+  --mem-fraction "${GRPO_SGLANG_MEM_FRACTION}" --rollout-batch "${GRPO_ROLLOUT_BATCH_SIZE}" --samples "${GRPO_N_SAMPLES}"
 if [[ "${GRPO_ASYNC}" == 1 ]]; then
-  note "layout ${TAU2_GPU_LAYOUT}, asynchronous: policy on GPUs ${POLICY_GPUS}: ${ACTOR_GPUS} training (TP${TRAIN_TP} x DP${DP}), ${GRPO_ASYNC_ROLLOUT_GPUS} rollout; user simulator on ${USER_SIM_GPUS}"
+  note "layout ${TAU2_GPU_LAYOUT}, asynchronous: policy on GPUs ${POLICY_GPUS} of ${NUM_NODES} node(s): ${ACTOR_GPUS} training (TP${TRAIN_TP} x DP${DP}), ${GRPO_ASYNC_ROLLOUT_GPUS} rollout; user simulator on ${USER_SIM_GPUS}"
 else
-  note "layout ${TAU2_GPU_LAYOUT}: policy on GPUs ${POLICY_GPUS} (TP${TRAIN_TP} x DP${DP}), user simulator on ${USER_SIM_GPUS}"
+  note "layout ${TAU2_GPU_LAYOUT}: policy on GPUs ${POLICY_GPUS} of ${NUM_NODES} node(s) (TP${TRAIN_TP} x DP${DP}), user simulator on ${USER_SIM_GPUS}"
 fi
 
 # --hf-checkpoint gives SGLang its tokenizer and first weights; slime pushes the Megatron weights to the engines
@@ -152,38 +189,40 @@ OPTIMIZER_ARGS=(
 )
 
 SGLANG_ARGS=(
-  --rollout-num-gpus-per-engine 1
+  --rollout-num-gpus-per-engine "${ROLLOUT_GPUS_PER_ENGINE}"
   --sglang-mem-fraction-static "${GRPO_SGLANG_MEM_FRACTION}"
 )
 
 CUSTOM_ARGS=(
   --custom-generate-function-path tau2_rl_pipeline.slime_plugins.adapter.generate
   --custom-reward-post-process-path tau2_rl_pipeline.slime_plugins.adapter.reward_post_process
+  --custom-rollout-log-function-path tau2_rl_pipeline.slime_plugins.rollout_log.log_rollout_data
 )
+if [[ "${TAU2_LOSS_REDUCTION}" == token_mean ]]; then
+  GRPO_ARGS+=(--calculate-per-token-loss)
+fi
 if [[ "${GRPO_ALGORITHM}" == awsft ]]; then
   CUSTOM_ARGS+=(--loss-type custom_loss --custom-loss-function-path tau2_rl_pipeline.slime_plugins.awsft.awsft_loss_function)
 fi
-if [[ "${FILTER_ZERO_STD}" == 1 ]]; then
-  CUSTOM_ARGS+=(--dynamic-sampling-filter-path tau2_rl_pipeline.slime_plugins.adapter.filter_zero_std_groups)
+CUSTOM_ARGS+=(--custom-rollout-log-function-path tau2_rl_pipeline.slime_plugins.batch.log_rollout)
+if [[ "${GRPO_PARTIAL_ROLLOUT}" == 1 ]]; then
+  CUSTOM_ARGS+=(--partial-rollout)
+fi
+if [[ "${GRPO_MASK_OFFPOLICY}" == 1 ]]; then
+  CUSTOM_ARGS+=(--mask-offpolicy-in-partial-rollout)
+fi
+if [[ "${GRPO_USE_TIS}" == 1 && "${GRPO_ALGORITHM}" == grpo ]]; then
+  CUSTOM_ARGS+=(--use-tis)
 fi
 
 # Synchronous: train.py, rollout engines colocated with training. Asynchronous: train_async.py on split GPUs.
+mapfile -t PLACEMENT_ARGS < <(placement_flags)
 if [[ "${GRPO_ASYNC}" == 1 ]]; then
   ENTRY=train_async.py
-  PLACEMENT_ARGS=(--actor-num-nodes 1 --actor-num-gpus-per-node "${ACTOR_GPUS}"
-    --rollout-num-gpus "${GRPO_ASYNC_ROLLOUT_GPUS}" --rollout-function-path "${GRPO_ASYNC_ROLLOUT_FUNCTION}")
-  if [[ "${GRPO_PARTIAL_ROLLOUT}" == 1 ]]; then
-    PLACEMENT_ARGS+=(--partial-rollout)
-    if [[ "${GRPO_MASK_OFFPOLICY}" == 1 ]]; then
-      PLACEMENT_ARGS+=(--mask-offpolicy-in-partial-rollout)
-    fi
-  fi
-  if [[ "${GRPO_USE_TIS}" == 1 ]]; then
-    PLACEMENT_ARGS+=(--use-tis)
-  fi
+  PLACEMENT_ARGS+=(--rollout-function-path "${GRPO_ASYNC_ROLLOUT_FUNCTION}")
 else
   ENTRY=train.py
-  PLACEMENT_ARGS=(--actor-num-nodes 1 --actor-num-gpus-per-node "${NUM_POLICY_GPUS}" --colocate)
+  PLACEMENT_ARGS+=(--dynamic-sampling-filter-path tau2_rl_pipeline.slime_plugins.batch.filter_groups)
 fi
 
 mapfile -t PERF_ARGS < <(perf_flags "${GRPO_MAX_TOKENS_PER_GPU}")
@@ -191,7 +230,8 @@ mapfile -t MISC_ARGS < <(misc_flags)
 mapfile -t WANDB_ARGS < <(wandb_flags "${GRPO_WANDB_GROUP}")
 mapfile -t EXTRA_ARGS < <(extra_flags)
 
-ray_start_head
+# Every node must see the checkpoint it writes and what it reads (shared storage; checked on a multi-node cluster).
+ray_cluster_up "${GRPO_CKPT_DIR}" -- "${GRPO_PROMPT_DATA}" "${GRPO_INIT_DIR}" "${BASE_HF_DIR}"
 ray_submit "${ENTRY}" \
   "${PLACEMENT_ARGS[@]}" \
   "${MODEL_ARGS[@]}" \

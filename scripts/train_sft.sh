@@ -17,26 +17,26 @@ source_model_args
 SFT_DATA="${SFT_DATA:-${SEED_DATA}}"
 SFT_INIT_DIR="${SFT_INIT_DIR:-${BASE_TORCH_DIST_DIR}}"
 SFT_SAVE_DIR="${SFT_SAVE_DIR:-${SFT_CKPT_DIR}}"
-SFT_WANDB_GROUP="${SFT_WANDB_GROUP:-sft-qwen3-4b}"
-# The original cookbook's settings: 2 epochs, batch 16, lr 1e-5 cosine to 1e-6 after 5% warmup.
+SFT_WANDB_GROUP="${SFT_WANDB_GROUP:-sft-${MODEL_SHORT}}"
+# The original cookbook's settings: 2 epochs, lr cosine after 5% warmup. SFT_BATCH_SIZE, SFT_LR, SFT_MIN_LR and
+# SFT_MAX_TOKENS_PER_GPU follow the model preset (common.sh; for the 4B the original's 16, 1e-5, 1e-6, 12288).
 SFT_EPOCHS="${SFT_EPOCHS:-2}"
-SFT_BATCH_SIZE="${SFT_BATCH_SIZE:-16}"
-SFT_LR="${SFT_LR:-1e-5}"
-SFT_MIN_LR="${SFT_MIN_LR:-1e-6}"
 SFT_WARMUP_FRACTION="${SFT_WARMUP_FRACTION:-0.05}"
 SFT_WEIGHT_DECAY="${SFT_WEIGHT_DECAY:-0.01}"
 SFT_SAVE_INTERVAL="${SFT_SAVE_INTERVAL:-50}"
-SFT_MAX_TOKENS_PER_GPU="${SFT_MAX_TOKENS_PER_GPU:-12288}"
 
 for name in SFT_EPOCHS SFT_BATCH_SIZE SFT_SAVE_INTERVAL SFT_MAX_TOKENS_PER_GPU; do require_uint "${name}" "${!name}"; done
 for name in SFT_LR SFT_MIN_LR SFT_WARMUP_FRACTION SFT_WEIGHT_DECAY; do require_number "${name}" "${!name}"; done
-DP=$((NUM_POLICY_GPUS / TRAIN_TP))
+cluster_placement train
+DP=$((ACTOR_NUM_NODES * ACTOR_GPUS_PER_NODE / (TRAIN_TP * TRAIN_PP * TRAIN_CP)))
 ((SFT_BATCH_SIZE % DP == 0)) || die "SFT_BATCH_SIZE=${SFT_BATCH_SIZE} is not a multiple of the data-parallel size ${DP}"
 require_file "${SFT_DATA}" "SFT data (scripts/download.sh, or generate_rft.sh for RFT)"
 require_dir "${SFT_INIT_DIR}" "initial torch_dist checkpoint (scripts/convert_hf_to_megatron.sh)"
 require_file "${BASE_HF_DIR}/config.json" "base model (scripts/download.sh)"
 require_dir "${SLIME_DIR}" "slime (SLIME_DIR)"
-note "layout ${TAU2_GPU_LAYOUT}: training on GPUs ${POLICY_GPUS} (TP${TRAIN_TP} x DP${DP})"
+size_stage sft --nodes "${ACTOR_NUM_NODES}" --gpus-per-node "${ACTOR_GPUS_PER_NODE}" \
+  --max-tokens-per-gpu "${SFT_MAX_TOKENS_PER_GPU}"
+note "layout ${TAU2_GPU_LAYOUT}: training on GPUs ${POLICY_GPUS} of ${NUM_NODES} node(s) (TP${TRAIN_TP} x DP${DP})"
 
 mapfile -t CKPT_ARGS < <(checkpoint_flags "${SFT_INIT_DIR}" "${SFT_SAVE_DIR}")
 CKPT_ARGS=(
@@ -76,11 +76,12 @@ mapfile -t PERF_ARGS < <(perf_flags "${SFT_MAX_TOKENS_PER_GPU}")
 mapfile -t MISC_ARGS < <(misc_flags)
 mapfile -t WANDB_ARGS < <(wandb_flags "${SFT_WANDB_GROUP}")
 mapfile -t EXTRA_ARGS < <(extra_flags)
+mapfile -t PLACEMENT_ARGS < <(placement_flags)
 
-ray_start_head
+# Every node must see the checkpoint it writes and what it reads (shared storage; checked on a multi-node cluster).
+ray_cluster_up "${SFT_SAVE_DIR}" -- "${SFT_DATA}" "${SFT_INIT_DIR}" "${BASE_HF_DIR}"
 ray_submit train_async.py \
-  --actor-num-nodes 1 \
-  --actor-num-gpus-per-node "${NUM_POLICY_GPUS}" \
+  "${PLACEMENT_ARGS[@]}" \
   "${MODEL_ARGS[@]}" \
   "${CKPT_ARGS[@]}" \
   "${SFT_ARGS[@]}" \

@@ -44,7 +44,8 @@ class Tau2Config:
         "litellm model name of the user simulator (tau2's default gpt-4.1; at scale "
         "openai/Qwen/Qwen3-4B-Instruct-2507 served by scripts/start_user_sim.sh)"))
     user_api_base: str = field(default="", metadata=_meta(
-        "API base of the user simulator, e.g. http://127.0.0.1:30001/v1; empty = the provider default"))
+        "API base of the user simulator, e.g. http://127.0.0.1:30001/v1 (a router's, or several servers' "
+        "comma-separated: the async client spreads the load); empty = the provider default"))
     user_temperature: float = field(default=0.0, metadata=_meta(
         "sampling temperature of the user simulator", min_value=0.0, max_value=2.0))
     user_max_retries: int = field(default=4, metadata=_meta(
@@ -83,6 +84,11 @@ class Tau2Config:
         "aborted", min_value=0))
     judge_backoff_s: float = field(default=1.0, metadata=_meta(
         "first wait before a judge retry, doubled each retry (at most 30 s)", min_value=0.0))
+    judge_answers: str = field(default="tau2", metadata=_meta(
+        "which NL-assertion judge answers are graded: tau2 = exactly those tau2 1.0.1 grades, as it grades them "
+        "(an empty or missing results list scores 1.0, a \"true\" string counts as true: leaderboard-comparable); "
+        "strict = only a non-empty results list of true/false verdicts, anything else retried, then the episode "
+        "aborted (for training rewards)", choices=("tau2", "strict")))
     # -- episode ----------------------------------------------------------------------------------
     max_steps: int = field(default=200, metadata=_meta(
         "tau2's max_steps: orchestrator steps before the episode ends as max_steps", min_value=1))
@@ -119,8 +125,13 @@ class Tau2Config:
         "slime runs: consecutive abort-storm rollouts tolerated; one more stops the run with the first error "
         "recorded (instead of training on empty masks)", min_value=0))
     partial_resume: bool = field(default=True, metadata=_meta(
-        "slime runs with --partial-rollout: an episode cut by slime's end-of-rollout abort goes on where it was cut "
-        "when slime hands its sample back (tau2 state, tokens and log-probs kept); off = it starts again"))
+        "slime runs with --partial-rollout: an episode cut by the rollout (slime's end-of-rollout abort, or a weight "
+        "update's pause in the fully async rollout) goes on where it was cut when slime hands its sample back (tau2 "
+        "state, tokens and log-probs kept); off = it starts again"))
+    slime_gc_policy: bool = field(default=False, metadata=_meta(
+        "slime runs: apply the rollout GC policy (rollout/gc_policy.py: freeze what is loaded, rarer full passes) "
+        "in slime's rollout actor at its first episode, for the rest of that process; off = slime's collector is "
+        "left as it is (the project's own CLIs and eval shards always apply it)"))
     # -- reward shaping (reward.py) ---------------------------------------------------------------
     use_partial_credit: bool = field(default=True, metadata=_meta(
         "add alpha * partial score to the task reward; off = no partial-score term"))
@@ -158,8 +169,14 @@ class Tau2Config:
         "(counts are still kept and saved)"))
     grpo_std_normalization: bool = field(default=True, metadata=_meta(
         "divide group-centred rewards by the group's std + 1e-6 (off = Dr. GRPO, mean-centring only)"))
+    loss_reduction: str = field(default="sample_mean", metadata=_meta(
+        "how the GRPO and AWSFT losses average over an optimizer step, on both paths: sample_mean = slime's "
+        "default, the mean over samples of each sample's token mean; token_mean = every trained token weighs the "
+        "same (slime's --calculate-per-token-loss, which scripts/train_grpo.sh then passes); SFT is token_mean",
+        choices=("sample_mean", "token_mean")))
     filter_zero_std: bool = field(default=False, metadata=_meta(
-        "drop (remove_sample) groups whose valid rewards are all equal: they carry no GRPO signal"))
+        "drop (remove_sample; slime's dynamic filter, reason zero_std) groups whose valid rewards are all equal: "
+        "they carry no GRPO signal. Groups with no valid sample are dropped whatever this says (all_aborted)"))
     filter_keep_when_insufficient: bool = field(default=False, metadata=_meta(
         "slime's dynamic filter: keep a group without signal when dropping it would leave too few to fill the "
         "rollout batch (no extra over-sampling round)"))

@@ -330,6 +330,38 @@ _NOTES = [
 ]
 
 
+def over_runs(records: list[dict], *, num_samples: int, runs: int) -> dict[str, Any]:
+    """Repeated runs (the evaluator's --runs; run r holds samples r*num_samples .. (r+1)*num_samples - 1): each
+    run's own point estimate of every metric (k <= num_samples), then per domain (and overall micro with several
+    domains) their mean and sample standard deviation over the runs, as the published 'mean +- sd over runs'.
+    A run whose episodes all aborted has no estimate and is left out (`values` then has fewer entries)."""
+    per_run = []
+    for r in range(runs):
+        mine = [x for x in records if r * num_samples <= x["sample"] < (r + 1) * num_samples]
+        try:
+            per_run.append(summarize(mine, k_values=list(range(1, num_samples + 1)), n_boot=1) if mine else None)
+        except ValueError:  # every episode of this run aborted
+            per_run.append(None)
+    scored = [m for m in per_run if m is not None]
+
+    def spread(scope: Callable[[dict], dict]) -> dict[str, Any]:
+        names = list(dict.fromkeys(name for m in scored for name in scope(m)))
+        out = {}
+        for name in names:
+            values = [scope(m)[name]["value"] for m in scored if name in scope(m)]
+            sd = float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
+            out[name] = {"mean": float(np.mean(values)), "sd": sd, "values": values}
+        return out
+
+    domains = sorted({d for m in scored for d in m["domains"]})
+    result: dict[str, Any] = {"runs": runs, "num_samples": num_samples, "runs_scored": len(scored),
+                              "domains": {d: spread(lambda m, d=d: m["domains"].get(d, {}).get("metrics", {}))
+                                          for d in domains}}
+    if len(domains) > 1:
+        result["overall"] = spread(lambda m: m["overall"]["micro"])
+    return result
+
+
 def format_metric(entry: dict[str, Any]) -> str:
     """'0.425 [0.300, 0.550] (T=40 tasks, E=160 eps)': a printed number always shows its CI and counts."""
     try:

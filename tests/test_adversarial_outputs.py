@@ -18,12 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tau2_rl_pipeline.benchmark.actions import (
-    TOOL_CALL_CLOSE,
-    TOOL_CALL_OPEN,
-    format_tool_call,
-    parse_completion,
-)
+from tau2_rl_pipeline.benchmark.actions import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, format_tool_call, parse_completion
 from tau2_rl_pipeline.benchmark.episode import Episode, build_environment
 from tau2_rl_pipeline.benchmark.tasks import load_tasks
 from tau2_rl_pipeline.benchmark.users import ScriptedUser

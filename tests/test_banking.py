@@ -72,11 +72,7 @@ def _replay(task, keep=None):
 
 def test_tasks_load_as_one_set_of_97_and_the_variant_is_part_of_the_benchmark_id() -> None:
     from tau2_rl_pipeline.benchmark.tasks import TaskLookupError, load_tasks
-    from tau2_rl_pipeline.benchmark.tau2_version import (
-        BenchmarkMismatch,
-        benchmark_id,
-        check_same_benchmark,
-    )
+    from tau2_rl_pipeline.benchmark.tau2_version import BenchmarkMismatch, benchmark_id, check_same_benchmark
 
     tasks = load_tasks(DOMAIN, "base")
     assert len(tasks) == 97 and len({t.id for t in tasks}) == 97
@@ -150,7 +146,7 @@ def test_the_retrieval_variant_setting_reaches_the_environment_and_the_evaluator
 def test_the_gym_env_builds_banking_with_its_variant_and_scores_with_tau2s_evaluator() -> None:
     from tau2_rl_pipeline.benchmark.gym_env import Tau2GymEnv
     from tau2_rl_pipeline.benchmark.users import ScriptedUser
-    from tau2_rl_pipeline.learning.sft_data import demo_turns
+    from tau2_rl_pipeline.learning.oracle_demos import demo_turns
 
     task = _task("task_004")
     env = Tau2GymEnv(DOMAIN, [task], lambda t, environment: ScriptedUser(t), retrieval_variant="grep_only")
@@ -164,11 +160,7 @@ def test_the_gym_env_builds_banking_with_its_variant_and_scores_with_tau2s_evalu
 
 def test_a_variant_that_cannot_run_here_is_refused_in_one_line(monkeypatch, tmp_path: Path) -> None:
     from eval.eval_passk import main
-    from tau2_rl_pipeline.benchmark.tau2_version import (
-        RetrievalVariantError,
-        check_retrieval_variant,
-        retrieval_needs,
-    )
+    from tau2_rl_pipeline.benchmark.tau2_version import RetrievalVariantError, check_retrieval_variant, retrieval_needs
 
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     assert retrieval_needs("alltools") == ["rank_bm25", "OPENAI_API_KEY", "srt"]
@@ -187,9 +179,7 @@ def test_a_variant_that_cannot_run_here_is_refused_in_one_line(monkeypatch, tmp_
     assert rc == 2 and not (tmp_path / "r.json").exists()
     (line,) = err.getvalue().strip().splitlines()
     assert line.startswith("error: banking_knowledge's retrieval variant 'alltools' needs OPENAI_API_KEY"), line
-    from tau2_rl_pipeline.local.pipeline import (
-        main as demo,  # the demo refuses it the same way
-    )
+    from tau2_rl_pipeline.local.pipeline import main as demo  # the demo refuses it the same way
 
     err = io.StringIO()
     with contextlib.redirect_stderr(err):
@@ -204,14 +194,11 @@ def test_an_evaluation_on_banking_is_read_by_tau2_and_its_submission_passes_tau2
     from rich.console import Console
     from tau2.data_model.simulation import Results
     from tau2.metrics.agent_metrics import compute_metrics
-    from tau2.scripts.leaderboard.prepare_submission import (
-        check_and_load_submission_data,
-        validate_submission_metrics,
-    )
+    from tau2.scripts.leaderboard.prepare_submission import check_and_load_submission_data, validate_submission_metrics
     from tau2.scripts.leaderboard.submission import Submission
 
     from eval.eval_passk import main
-    from tau2_rl_pipeline.learning.sft_data import demo_turns
+    from tau2_rl_pipeline.learning.oracle_demos import demo_turns
     from tau2_rl_pipeline.testing.loopback_server import LoopbackServer
 
     ids = ["task_001", "task_004"]  # a user-side write (the scripted user performs it), an ACTION-basis task

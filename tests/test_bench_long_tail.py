@@ -67,3 +67,22 @@ def test_long_tail_bench_runs_and_its_books_add_up(tmp_path):
     assert restart["episodes_continued"] == 0
     assert partial["episodes_continued"] == partial["episodes_run_after_a_cut"]
     assert partial["turns_thrown_away"] == 0 or partial["prompts_dropped"] > 0
+
+
+def test_long_tail_async_bench_runs_and_resumes_what_the_weight_update_cuts(tmp_path):
+    """bench/long_tail_async.py at tiny sizes: slime's fully async worker, slime's weight update after each step.
+    Resumed, no cut episode is started again; restarted, none goes on (nothing timed)."""
+    out = tmp_path / "long_tail_async.json"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "long_tail_async.py"), "--groups", "2", "--samples", "2",
+         "--over-sampling", "4", "--steps", "3", "--latency", "0.1", "--train-s", "0.3", "--max-turns", "12",
+         "--json", str(out)], check=False, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = {r["mode"]: r for r in json.loads(out.read_text())["results"]}
+    assert list(rows) == ["async-restart", "async"]
+    for r in rows.values():
+        assert r["episodes_trained"] == 2 * 2 * 3 and 0 < r["turns_trained"] <= r["requests_served"]
+        assert r["cut_resumed"] + r["cut_restarted"] <= r["cut_handed_back"]
+    assert rows["async"]["cut_resumed"] > 0  # the update cut episodes in flight, and they went on
+    assert rows["async"]["cut_restarted"] == rows["async"]["turns_thrown_away_by_restarts"] == 0
+    assert rows["async-restart"]["cut_resumed"] == 0

@@ -10,13 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tau2_rl_pipeline.config import (
-    ConfigError,
-    Tau2Config,
-    add_config_args,
-    config_from_args,
-    env_var,
-)
+from tau2_rl_pipeline.config import ConfigError, Tau2Config, add_config_args, config_from_args, env_var
 
 ROOT = Path(__file__).resolve().parents[1]
 TEMPLATE = ROOT / "configs" / ".env.template"

@@ -17,11 +17,7 @@ from pathlib import Path
 import pytest
 
 from tau2_rl_pipeline.config import Tau2Config
-from tau2_rl_pipeline.learning.curriculum import (
-    STATE_FILE,
-    CurriculumTracker,
-    state_path,
-)
+from tau2_rl_pipeline.learning.curriculum import STATE_FILE, CurriculumTracker, state_path
 
 CFG = Tau2Config()
 ROOT = Path(__file__).resolve().parents[1]

@@ -10,12 +10,7 @@ from pathlib import Path
 import pytest
 
 from tau2_rl_pipeline.config import Tau2Config
-from tau2_rl_pipeline.selection.difficulty import (
-    filter_task_rows,
-    filter_tasks,
-    main,
-    pass_rates,
-)
+from tau2_rl_pipeline.selection.difficulty import filter_task_rows, filter_tasks, main, pass_rates
 
 ROOT = Path(__file__).resolve().parents[1]
 CFG = Tau2Config()
@@ -81,7 +76,12 @@ def test_cli_writes_the_filtered_index_and_its_counts(tmp_path, capsys, monkeypa
     out = tmp_path / "grpo.jsonl"
     monkeypatch.setenv("TAU2_GRPO_MAX_PASS_RATE", "0.9")
     assert main(["--episodes", str(episodes), "--tasks", str(tasks), "--out", str(out)]) == 0
-    assert len(out.read_text().splitlines()) == 5
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == 5
+    # each kept sampled task carries its pass rate, AWSFT's V* (slime copies row metadata onto its samples)
+    assert {(r["metadata"]["domain"], r["metadata"]["task_id"]): r["metadata"].get("reference_pass_rate")
+            for r in rows} == {("airline", "1"): 2 / 3, ("retail", "0"): 0.0, ("retail", "1"): 0.25,
+                               ("retail", "2"): None, ("retail", "9"): None}  # 2 and 9: no scored episode
     stats = json.loads((tmp_path / "grpo.jsonl.stats.json").read_text())
     assert stats["dropped_above_max"] == 1 and stats["kept"] == 5
     assert "kept 5/6 tasks" in capsys.readouterr().out

@@ -33,12 +33,7 @@ from tau2_rl_pipeline.rollout.engines import (
     sampling_logprobs,
     sglang_generate_body,
 )
-from tau2_rl_pipeline.testing.loopback_server import (
-    Fault,
-    LoopbackServer,
-    parse_qwen3_tool_calls,
-    truncate_scripted,
-)
+from tau2_rl_pipeline.testing.loopback_server import Fault, LoopbackServer, parse_qwen3_tool_calls, truncate_scripted
 from tau2_rl_pipeline.testing.tiny_model import (
     QWEN3_CHAT_TEMPLATE,
     SPECIAL_TOKENS,

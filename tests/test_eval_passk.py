@@ -29,6 +29,7 @@ from task_sample import representative
 from tau2.data_model.simulation import Results
 from tau2.metrics.agent_metrics import compute_metrics
 
+from eval.args import build_parser, default_output
 from eval.episodes_file import (
     EpisodesFile,
     EpisodesFileError,
@@ -39,7 +40,6 @@ from eval.episodes_file import (
     redact,
     secret_values,
 )
-from eval.args import build_parser, default_output
 from eval.eval_passk import main
 from eval.runner import episode_seed, run_episodes
 from eval.tau2_results import results_info, tau2_results
@@ -112,6 +112,18 @@ def test_mock_run_writes_every_output(mock_run: dict) -> None:
     assert rec["seed"] == episode_seed(300, "mock", MOCK_IDS[0], 0)
     assert rec["tokens"]["prompt"] > 0 and "prompt_ids" not in rec and rec["messages"]
     assert paths["chart"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # behaviour monitors: per record, and their rates in the summary and on the terminal
+    scored = [r for r in records.values() if r["status"] != "aborted"]
+    for r in scored:  # tool calls counted again from the recorded messages
+        calls = [c for m in r["messages"] if m["role"] == "assistant" for c in m.get("tool_calls") or []
+                 if c["name"] != "invalid_tool_call"]
+        assert r["monitors"]["tool_calls"] == len(calls)
+    behaviour = summary["behaviour"]["mock"]
+    assert behaviour["episodes"] == len(scored)
+    assert behaviour["tool_calls_mean"] == pytest.approx(sum(r["monitors"]["tool_calls"] for r in scored) / len(scored))
+    assert behaviour["limit_ended_share"] == pytest.approx(
+        sum(r["termination_reason"] not in ("agent_stop", "user_stop") for r in scored) / len(scored))
+    assert "Behaviour monitors" in mock_run["stdout"]
     assert "pass^2" in mock_run["stdout"] and f"T={N_MOCK} tasks, E={2 * N_MOCK} eps" in mock_run["stdout"]
     assert "Failure taxonomy" in mock_run["stdout"]
     n = 2 * N_MOCK
@@ -178,6 +190,47 @@ def test_no_resume_starts_over(mock_run: dict, tiny_small_dir: Path, tmp_path: P
     assert rc == 0, err
     assert json.loads(summary.read_text())["episodes"]["ran_this_invocation"] == 1
     assert list(read_episodes(outputs(summary, ["mock"])["episodes"])) == [("mock", MOCK_IDS[0], 0)]
+
+
+def test_repeated_runs_report_mean_and_sd_beside_the_pooled_estimate(mock_run: dict, tiny_small_dir: Path,
+                                                                     tmp_path: Path) -> None:
+    """--runs 3 --num-samples 1: run r is sample r, with its own seed. The mock run's samples 0 and 1 are runs 0
+    and 1 (same settings, same seeds: resumed, not rerun); run 2 is new."""
+    summary = tmp_path / "run.json"
+    shutil.copy(mock_run["paths"]["episodes"], outputs(summary, ["mock"])["episodes"])
+    ids = MOCK_IDS
+    rc, out, err = run_cli("--backend", "local", "--model", str(tiny_small_dir), *SMALL, "--num-samples", "1",
+                           "--runs", "3", "--output", str(summary))
+    assert rc == 0, err
+    result = json.loads(summary.read_text())
+    assert result["episodes"]["ran_this_invocation"] == len(ids) and result["settings"]["runs"] == 3
+    records = read_episodes(outputs(summary, ["mock"])["episodes"])
+    assert records[("mock", ids[0], 2)]["seed"] == episode_seed(300, "mock", ids[0], 2)
+    assert result["metrics"]["domains"]["mock"]["k_values"] == [1]  # pooled over 3 episodes, k <= --num-samples
+    spread = result["runs"]["domains"]["mock"]["pass@1"]
+    by_run = [sum(records[("mock", t, r)]["reward"] == 1.0 for t in ids) / len(ids) for r in range(3)]
+    assert spread["values"] == pytest.approx(by_run) and spread["mean"] == pytest.approx(sum(by_run) / 3)
+    assert "Over 3 of 3 runs of 1 samples/task (mean +- sd over runs" in out
+    rc, _, err = run_cli("--backend", "local", "--model", str(tiny_small_dir), *SMALL, "--runs", "0",
+                         "--output", str(tmp_path / "bad.json"))
+    assert rc == 2 and err.strip() == "error: --runs must be >= 1, got 0"
+
+
+def test_compare_flag_pairs_this_run_with_a_baseline_or_refuses_before_running(mock_run: dict, tiny_small_dir: Path,
+                                                                                  tmp_path: Path) -> None:
+    baseline = mock_run["paths"]["summary"]
+    summary = tmp_path / "again.json"
+    shutil.copy(mock_run["paths"]["episodes"], outputs(summary, ["mock"])["episodes"])  # the same episodes again
+    rc, out, err = run_cli("--backend", "local", "--model", str(tiny_small_dir), *SMALL, "--compare", str(baseline),
+                           "--output", str(summary))
+    assert rc == 0, err
+    line = next(x for x in out.splitlines() if x.startswith(f"again vs {baseline.stem} (mock, {N_MOCK} paired tasks)"))
+    assert "+0.000" in line and "p=1.000" in line and "NOT significant" in line
+    other = tmp_path / "hot.json"
+    rc, out, err = run_cli("--backend", "local", "--model", str(tiny_small_dir), *SMALL, "--temperature", "0.5",
+                           "--compare", str(baseline), "--output", str(other))
+    assert rc == 2 and err.count("\n") == 1 and "differ in sampling.temperature (1.0 vs 0.5)" in err
+    assert not list(tmp_path.glob("hot*"))  # refused before anything ran or was written
 
 
 def test_resuming_with_other_settings_is_refused(mock_run: dict, tiny_small_dir: Path, tmp_path: Path) -> None:

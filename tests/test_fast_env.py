@@ -21,11 +21,7 @@ from tau2.registry import registry
 from tau2.utils import get_dict_hash
 
 from tau2_rl_pipeline.benchmark.episode import Episode
-from tau2_rl_pipeline.benchmark.fast_env import (
-    CopyOnReadTable,
-    check_shared_records,
-    fast_environment,
-)
+from tau2_rl_pipeline.benchmark.fast_env import CopyOnReadTable, check_shared_records, fast_environment
 from tau2_rl_pipeline.benchmark.oracle import final_message, gold_actions
 from tau2_rl_pipeline.benchmark.prompting import tool_schemas
 from tau2_rl_pipeline.benchmark.tasks import TaskLookupError, load_tasks

@@ -50,6 +50,27 @@ def test_settled_puts_the_thresholds_back_even_on_error(restored_gc):
     assert gc.get_threshold() == before
 
 
+def test_leaving_settled_undoes_the_freeze_so_a_cycle_dropped_after_it_is_collected(restored_gc):
+    gc.unfreeze()  # nothing frozen before the block, as in a fresh process (an earlier test may have frozen)
+    before = gc.get_threshold()
+    held = Node()  # a cycle alive when the block starts: frozen inside it
+    dead = weakref.ref(held)
+    with gc_policy.settled():
+        assert gc.get_freeze_count() > 0 and not any(o is held for o in gc.get_objects())
+    assert gc.get_freeze_count() == 0 and gc.get_threshold() == before
+    del held  # dropped after the block: the caller's collector frees it as if the block never ran
+    gc.collect()
+    assert dead() is None
+
+
+def test_settled_leaves_a_callers_own_freeze_as_it_was(restored_gc):
+    gc.freeze()
+    frozen = gc.get_freeze_count()
+    with gc_policy.settled():
+        assert gc.get_threshold()[2] == gc_policy.FULL_PASS_EVERY
+    assert gc.get_freeze_count() == frozen  # gc.unfreeze() cannot tell whose freeze it undoes: none is undone
+
+
 def test_young_cyclic_garbage_is_collected_under_the_policy(restored_gc):
     gc_policy.settle()
     first = Node()

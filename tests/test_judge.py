@@ -63,7 +63,7 @@ def test_errors_and_malformed_answers_are_retried_with_doubling_backoff(server) 
     sleeps: list[float] = []
     client = Judge(settings(server, max_retries=3), sleep=sleeps.append)
     server.faults.fail_next(1, Fault.ERROR_500)
-    answers = iter(['{"results": []}', "not json at all"])
+    answers = iter(['{"results": [{"expectedOutcome": "x"}]}', "not json at all"])  # tau2's parsing raises on both
     server.chat_answer = lambda body: next(answers, None) or judge_answer()(body)
     assert json.loads(client.complete(PROMPT))["results"][0]["expectedOutcome"] == "Agent greets"
     assert sleeps == [0.5, 1.0, 2.0]  # backoff_s, doubled per retry
@@ -86,13 +86,33 @@ def test_the_timeout_setting_cuts_a_hung_call(server) -> None:
     assert client.usage.failed_attempts == 1  # the hung attempt timed out; the retry answered
 
 
-def test_check_answer_demands_the_json_tau2_parses() -> None:
+# Judge replies tau2 1.0.1 grades although they judge nothing: no assertion listed, no `results` at all, and a
+# string for the verdict (pydantic coerces "true" to True when tau2 builds its NLAssertionCheck).
+EMPTY, NO_RESULTS = '{"results": []}', '{"verdict": "all good"}'
+STRING_TRUE = '{"results": [{"expectedOutcome": "x", "reasoning": "y", "metExpectation": "true"}]}'
+
+
+def test_by_default_an_answer_is_accepted_exactly_when_tau2_can_parse_it() -> None:
     good = '{"results": [{"expectedOutcome": "x", "reasoning": "y", "metExpectation": false}]}'
-    assert check_answer(good) == good
-    for bad in ("", "[]", '{"results": []}', '{"results": [{"expectedOutcome": "x", "reasoning": "y", '
-                '"metExpectation": "yes"}]}'):
+    for accepted in (good, EMPTY, NO_RESULTS, STRING_TRUE):
+        assert check_answer(accepted) == accepted
+    for raises_in_tau2 in ("", "not json", "[]", '{"results": [{"expectedOutcome": "x", "reasoning": "y"}]}',
+                           '{"results": [{"expectedOutcome": "x", "reasoning": "y", "metExpectation": "maybe"}]}',
+                           '{"results": ["x"]}'):
         with pytest.raises(ValueError):
-            check_answer(bad)
+            check_answer(raises_in_tau2)
+
+
+def test_the_strict_judge_demands_a_non_empty_list_of_real_verdicts() -> None:
+    good = '{"results": [{"expectedOutcome": "x", "reasoning": "y", "metExpectation": false}]}'
+    assert check_answer(good, "strict") == good
+    for bad in ("", "[]", EMPTY, NO_RESULTS, STRING_TRUE):
+        with pytest.raises(ValueError):
+            check_answer(bad, "strict")
+    assert JudgeSettings.from_config(Tau2Config.from_env({"TAU2_JUDGE_ANSWERS": "strict"})).answers == "strict"
+    assert JudgeSettings.from_config(Tau2Config.from_env({})).answers == "tau2"
+    with pytest.raises(ConfigError, match="^TAU2_JUDGE_ANSWERS='lenient' is not one of: tau2, strict"):
+        Tau2Config.from_env({"TAU2_JUDGE_ANSWERS": "lenient"})
 
 
 def test_settings_come_from_tau2config_and_are_validated(monkeypatch) -> None:
@@ -155,6 +175,40 @@ def test_tau2_grades_nl_assertions_with_the_installed_judge(loopback_judge) -> N
         loopback_judge.chat_answer = judge_answer()
     assert info.reward == 0.0 and info.db_check.db_match  # the DB is right; the judge said the assertions fail
     assert [c.met for c in info.nl_assertions] == [False] * len(task.evaluation_criteria.nl_assertions)
+
+
+@needs_v1
+@pytest.mark.parametrize("reply", ["empty", "no_results", "string_true"])
+def test_by_default_a_reply_scores_what_tau2_1_0_1_alone_scores_for_it(loopback_judge, reply) -> None:
+    """tau2 1.0.1's own NLAssertionsEvaluator given the reply directly, against the same evaluator calling our judge
+    client over HTTP for it: the same reward and checks (1.0: tau2 finds no failed assertion). The strict judge
+    refuses each reply (retried, then the episode is aborted)."""
+    from tau2.data_model.message import AssistantMessage, UserMessage
+    from tau2.evaluator import evaluator_nl_assertions as nl
+
+    task = _retail_judged_task()
+    text = {"empty": EMPTY, "no_results": NO_RESULTS, "string_true": json.dumps({"results": [
+        {"expectedOutcome": a, "reasoning": "r", "metExpectation": "true"}
+        for a in task.evaluation_criteria.nl_assertions]})}[reply]
+    conversation = [UserMessage(role="user", content="Please cancel my order."),
+                    AssistantMessage(role="assistant", content="It is cancelled.")]
+    judge.configure(loopback_judge.cfg)
+    ours_installed = nl.generate
+    nl.generate = lambda *args, **kwargs: AssistantMessage(role="assistant", content=text)  # tau2 alone
+    try:
+        tau2_alone = nl.NLAssertionsEvaluator.calculate_reward(task, conversation)
+    finally:
+        nl.generate = ours_installed
+    loopback_judge.chat_answer = lambda body: text if expected_outcomes(body) is not None else None
+    try:
+        ours = nl.NLAssertionsEvaluator.calculate_reward(task, conversation)
+        strict = Judge(replace(JudgeSettings.from_config(loopback_judge.cfg), answers="strict"), sleep=lambda s: None)
+        with pytest.raises(JudgeError, match="malformed answer"):
+            strict.complete(PROMPT)
+    finally:
+        loopback_judge.chat_answer = judge_answer()
+    assert ours.reward == tau2_alone.reward == 1.0
+    assert [c.model_dump() for c in ours.nl_assertions] == [c.model_dump() for c in tau2_alone.nl_assertions]
 
 
 @needs_v1

@@ -19,6 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 LAYERS = {
     "ground": 0,          # tau2_rl_pipeline/*.py: config, metrics, files, http_post
     "benchmark": 1,       # what tau2 is, made fast and safe
+    "scale": 1,           # model presets, the sizing sheet, the cost on paper (stdlib only)
     "rollout": 2,         # token in, token out
     "learning": 3,        # rewards, curriculum, losses, SFT data
     "testing": 3,         # loopback server, tiny model

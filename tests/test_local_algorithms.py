@@ -45,9 +45,10 @@ def test_grpo_tasks_come_from_the_rft_pass_rates(tmp_path, monkeypatch):
     episodes = tmp_path / "eval" / "rft_samples.json.episodes.jsonl"
     assert difficulty_task_ids("mock", "base", episodes, cfg)[1].kept == 9  # no RFT episodes: all kept
     _episodes(tmp_path, {"create_task_1": "ssss", "update_task_1": "sf"})
-    ids, stats = difficulty_task_ids("mock", "base", episodes, cfg)
+    ids, stats, baselines = difficulty_task_ids("mock", "base", episodes, cfg)
     assert "create_task_1" not in ids and "update_task_1" in ids and len(ids) == 8
     assert stats.dropped_above_max == 1 and stats.unsampled == 7
+    assert baselines == {"update_task_1": 0.5}  # AWSFT's V* of each kept task the RFT stage sampled
     _episodes(tmp_path, {tid: "ff" for tid in [*ids, "create_task_1"]})  # every task sampled, never solved
     monkeypatch.setenv("TAU2_GRPO_MIN_PASS_RATE", "0.5")
     with pytest.raises(SystemExit, match="no task left"):
@@ -118,3 +119,5 @@ def test_demo_runs_awsft_and_reports_it_beside_grpo(tiny_small_dir, tmp_path, ca
     assert {Path(p).name for p in report["charts"]} == {"grpo_reward.png", "awsft_reward.png", "stages_passk.png"}
     out_text = captured.out
     assert "grpo" in out_text and "awsft" in out_text and "AWSFT: 1/1 steps with signal" in out_text
+    # the recorded stages' evaluations are placeholders here, not evaluator runs: no paired test, said in one line
+    assert "AWSFT vs RFT: no paired comparison (" in out_text and "not an evaluator summary" in out_text

@@ -17,22 +17,11 @@ from pathlib import Path
 import pytest
 
 from tau2_rl_pipeline.benchmark.tasks import load_tasks
-from tau2_rl_pipeline.benchmark.tau2_version import (
-    V1,
-    VERSION,
-    BenchmarkMismatch,
-    task_set_hash,
-)
+from tau2_rl_pipeline.benchmark.tau2_version import V1, VERSION, BenchmarkMismatch, task_set_hash
 from tau2_rl_pipeline.config import Tau2Config, config_from_args
 from tau2_rl_pipeline.local.demo_report import grpo_summary, summary_lines, write_charts
 from tau2_rl_pipeline.local.grpo import GrpoProgress, GrpoSettings, grpo_stage
-from tau2_rl_pipeline.local.pipeline import (
-    build_parser,
-    default_out,
-    main,
-    run_benchmark,
-    stage_settings,
-)
+from tau2_rl_pipeline.local.pipeline import build_parser, default_out, main, run_benchmark, stage_settings
 from tau2_rl_pipeline.local.stage_book import RUN, SKIP, StageBook, StaleOutputError
 
 BENCHMARK = {"tau2_version": "0.0", "task_set_hash": "0" * 16}  # any: the book only records and compares it
@@ -265,6 +254,10 @@ def test_an_interrupted_grpo_resumes_at_its_last_step_with_that_steps_curriculum
     def without_timing(history: list[dict]) -> list[dict]:
         return [{k: v for k, v in h.items() if k != "rollout_s"} for h in history]
     assert without_timing(resumed) == without_timing(whole)  # same draws, rewards and updates as uninterrupted
+    for h in whole:  # the step log's behaviour monitors cover the step's scored episodes
+        b = h["behaviour"]
+        assert b["episodes"] == h["episodes"] - h["aborted"] == 4
+        assert b["agent_ended_share"] + b["user_ended_share"] + b["limit_ended_share"] == pytest.approx(1.0)
     curriculum = json.loads((GrpoProgress(tmp_path / "b").step_dir() / "curriculum_state.json").read_text())
     assert sum(t["attempts"] for t in curriculum["tasks"].values()) == 3 * 2 * 2  # each episode counted once
     assert [p.name for p in (tmp_path / "b").iterdir() if "step_" in p.name] == ["step_3"]

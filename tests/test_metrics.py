@@ -14,6 +14,7 @@ from tau2_rl_pipeline.metrics import (
     bootstrap_ci,
     format_metric,
     is_success,
+    over_runs,
     pass_at_k,
     pass_hat_k,
     summarize,
@@ -345,3 +346,31 @@ def test_format_metric_carries_ci_and_counts():
     assert format_metric(s["overall"]["macro"]["pass@1"]).startswith("0.500 [")
     with pytest.raises(ValueError, match="not a metric entry"):
         format_metric({"value": 0.4})
+
+
+# ---------------------------------------------------------------------------------------------------
+# Repeated runs (--runs)
+
+def test_over_runs_gives_each_runs_estimate_and_their_mean_and_sd():
+    """3 runs x 2 samples of 2 tasks; run r owns samples 2r, 2r+1. Each run's pass@1 / pass^2 by hand."""
+    outcomes = {"t1": [1, 1, 1, 0, 0, 0], "t2": [0, 1, 1, 1, 1, 1]}
+    records = [r for t, o in outcomes.items() for r in task_recs("mock", t, o)]
+    records.append(rec("mock", "t1", 6, 1))  # a sample beyond the runs: belongs to none
+    runs = over_runs(records, num_samples=2, runs=3)
+    mock = runs["domains"]["mock"]
+    assert mock["pass@1"]["values"] == pytest.approx([(1 + 0.5) / 2, (0.5 + 1) / 2, (0 + 1) / 2])
+    assert mock["pass^2"]["values"] == pytest.approx([0.5, 0.5, 0.5])
+    assert mock["pass@1"]["mean"] == pytest.approx(np.mean([0.75, 0.75, 0.5]))
+    assert mock["pass@1"]["sd"] == pytest.approx(float(np.std([0.75, 0.75, 0.5], ddof=1)))
+    assert mock["pass^2"]["sd"] == 0.0 and "pass@3" not in mock and runs["runs_scored"] == 3
+    assert "overall" not in runs  # one domain
+
+
+def test_over_runs_leaves_out_a_run_whose_episodes_all_aborted():
+    records = task_recs("a", "t", [1, 0]) + [rec("a", "t", 2, 0, status="aborted"),
+                                            rec("a", "t", 3, 0, status="aborted")] + task_recs("b", "u", [1, 1, 0, 1])
+    runs = over_runs(records, num_samples=2, runs=2)
+    assert runs["runs_scored"] == 2  # run 1 still has domain b
+    assert runs["domains"]["a"]["pass@1"]["values"] == [0.5]
+    assert runs["domains"]["b"]["pass@1"]["values"] == [1.0, 0.5]
+    assert runs["overall"]["pass@1"]["values"] == pytest.approx([0.75, 0.5])

@@ -7,11 +7,7 @@ shows on every test task, oracle and perturbed, that they score exactly as tau2'
 import pytest
 from task_sample import test_tasks
 
-from tau2_rl_pipeline.benchmark.oracle import (
-    gold_actions,
-    last_write_index,
-    replay_gold_actions,
-)
+from tau2_rl_pipeline.benchmark.oracle import gold_actions, last_write_index, replay_gold_actions
 from tau2_rl_pipeline.benchmark.tasks import load_tasks
 from tau2_rl_pipeline.benchmark.tau2_version import V1
 

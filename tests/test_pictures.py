@@ -191,7 +191,8 @@ def readme_console_commands() -> list[list[str]]:
 
 
 def test_console_scripts_help_fits_one_screen_from_a_fresh_shell(tmp_path: Path) -> None:
-    assert set(CONSOLE_SCRIPTS) == {"tau2-rl-demo", "tau2-rl-eval", "tau2-rl-tasks", "tau2-rl-pictures"}
+    assert set(CONSOLE_SCRIPTS) == {"tau2-rl-demo", "tau2-rl-eval", "tau2-rl-tasks", "tau2-rl-pictures",
+                                    "tau2-rl-compare"}
     commands = readme_console_commands()
     assert {Path(c[0]).name for c in commands} >= {"tau2-rl-demo", "tau2-rl-eval", "tau2-rl-tasks"}
     helps = {}

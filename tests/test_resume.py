@@ -11,12 +11,7 @@ from tau2_rl_pipeline.benchmark.prompting import render
 from tau2_rl_pipeline.benchmark.tasks import load_tasks
 from tau2_rl_pipeline.benchmark.users import ScriptedUser
 from tau2_rl_pipeline.rollout.engines import GenerateResult, SamplingParams
-from tau2_rl_pipeline.rollout.episode_loop import (
-    ABORTED,
-    COMPLETED,
-    ROLLOUT_STOPPED,
-    run_episode,
-)
+from tau2_rl_pipeline.rollout.episode_loop import ABORTED, COMPLETED, ROLLOUT_STOPPED, run_episode
 
 
 def _telecom_task():
@@ -102,3 +97,43 @@ def test_mask_earlier_takes_every_token_before_the_cut_out_of_the_loss(qwen3_tok
     assert done.loss_mask[:cut.response_length] == [0] * cut.response_length
     assert sum(done.loss_mask) == sum(len(ids) for ids in engine.sampled[2:])  # only the turns after the cut
     assert done.rollout_logprobs[:cut.response_length] == cut.rollout_logprobs  # kept for --use-tis
+
+
+def test_an_abort_the_engine_reports_with_an_error_is_a_failure_not_a_cut(qwen3_tokenizer):
+    """SGLang's abort carries a status_code when it gave the request up (an error), none when it was told to stop
+    (/abort_request, /pause_generation): only the latter is a cut to resume."""
+    from tau2_rl_pipeline.rollout.engines import parse_generate_response
+
+    stopped = {"text": "", "meta_info": {"finish_reason": {"type": "abort", "message": "Abort before prefill"},
+                                         "output_token_logprobs": [], "weight_version": "3"}}
+    failed = {"text": "", "meta_info": {"finish_reason": {"type": "abort", "message": "input too long",
+                                                          "status_code": 400, "err_type": "BadRequestError"},
+                                        "output_token_logprobs": []}}
+    assert parse_generate_response(stopped).abort_error is None
+    assert parse_generate_response(failed).abort_error == "HTTP 400: input too long"
+
+    class FailingEngine(CutEngine):
+        async def generate(self, input_ids, sampling):
+            result = await super().generate(input_ids, sampling)
+            if result.finish_reason != "abort":
+                return result
+            return GenerateResult(result.output_ids, result.output_logprobs, "abort", abort_error="HTTP 400: no")
+
+    task = _telecom_task()
+    engine = FailingEngine(ChosenTextEngine(qwen3_tokenizer, _telecom_script(task)), cut_at=2, keep=3)
+    traj = _episode(task, engine, qwen3_tokenizer, None)
+    assert traj.status == ABORTED and traj.termination_reason == "engine_error" and traj.live is None
+    assert traj.error == "the engine aborted the request: HTTP 400: no"
+
+
+def test_each_request_books_its_span_of_the_response(qwen3_tokenizer):
+    """turn_spans[i] is request i's sampled ids in response_ids (a cut turn's two halves are two requests): what
+    the old-weight mask reads."""
+    task = _telecom_task()
+    engine = CutEngine(ChosenTextEngine(qwen3_tokenizer, _telecom_script(task)), cut_at=2, keep=3)
+    cut = _episode(task, engine, qwen3_tokenizer, None)
+    done = _episode(task, engine, qwen3_tokenizer, None, resume=cut.live)
+    assert len(done.turn_spans) == len(done.turn_meta) == engine.calls
+    assert done.turn_spans[1][1] - done.turn_spans[1][0] == 3 and done.turn_spans[2][0] == done.turn_spans[1][1]
+    sampled = [i for start, end in done.turn_spans for i in range(start, end)]
+    assert sampled == [i for i, m in enumerate(done.loss_mask) if m]  # exactly the policy's tokens

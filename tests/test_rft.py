@@ -12,19 +12,9 @@ import pytest
 from tau2_rl_pipeline.benchmark.episode import Episode
 from tau2_rl_pipeline.benchmark.tasks import get_task, write_jsonl
 from tau2_rl_pipeline.config import Tau2Config
+from tau2_rl_pipeline.learning.oracle_demos import demo_turns, oracle_demonstrations, play_turns
 from tau2_rl_pipeline.learning.reward import partial_score
-from tau2_rl_pipeline.learning.sft_data import (
-    demo_turns,
-    oracle_demonstrations,
-    play_turns,
-)
-from tau2_rl_pipeline.selection.rft import (
-    dedupe,
-    domain_stats,
-    main,
-    merge_rows,
-    select_rft,
-)
+from tau2_rl_pipeline.selection.rft import dedupe, domain_stats, main, merge_rows, select_rft
 
 TELECOM_ID = "[mobile_data_issue]bad_vpn|data_saver_mode_on|user_abroad_roaming_disabled_on[PERSONA:None]"
 

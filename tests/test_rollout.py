@@ -12,24 +12,10 @@ from tau2_rl_pipeline.benchmark.actions import render_assistant_text
 from tau2_rl_pipeline.benchmark.oracle import final_message, gold_actions
 from tau2_rl_pipeline.benchmark.prompting import render
 from tau2_rl_pipeline.benchmark.tasks import get_task, load_tasks
-from tau2_rl_pipeline.benchmark.users import (
-    ScriptedUser,
-    UserConfigError,
-    make_user_factory,
-)
+from tau2_rl_pipeline.benchmark.users import ScriptedUser, UserConfigError, make_user_factory
 from tau2_rl_pipeline.config import Tau2Config
-from tau2_rl_pipeline.rollout.engines import (
-    GenerateResult,
-    SamplingParams,
-    SGLangEngine,
-    TransformersEngine,
-)
-from tau2_rl_pipeline.rollout.episode_loop import (
-    ABORTED,
-    COMPLETED,
-    TRUNCATED,
-    run_episode,
-)
+from tau2_rl_pipeline.rollout.engines import GenerateResult, SamplingParams, SGLangEngine, TransformersEngine
+from tau2_rl_pipeline.rollout.episode_loop import ABORTED, COMPLETED, TRUNCATED, run_episode
 from tau2_rl_pipeline.testing.loopback_server import Fault
 
 CFG = Tau2Config.from_env({})
@@ -284,11 +270,7 @@ def test_auto_episode_workers_give_threads_only_where_a_user_turn_blocks(monkeyp
     from tau2.user.user_simulator import UserSimulator
 
     from tau2_rl_pipeline.rollout import episode_loop as rollout
-    from tau2_rl_pipeline.rollout.episode_loop import (
-        AUTO_WORKERS,
-        episode_threads,
-        user_blocks,
-    )
+    from tau2_rl_pipeline.rollout.episode_loop import AUTO_WORKERS, episode_threads, user_blocks
 
     monkeypatch.setattr(rollout, "has_fast_path", lambda domain: domain != "banking_knowledge")  # as on 1.0.1
 

@@ -178,7 +178,7 @@ def test_grpo_defaults(dry_dir: Path) -> None:
     assert "--use-kl-loss" in got and "--colocate" in got
     assert got["--custom-generate-function-path"] == "tau2_rl_pipeline.slime_plugins.adapter.generate"
     assert got["--custom-reward-post-process-path"] == "tau2_rl_pipeline.slime_plugins.adapter.reward_post_process"
-    assert "--dynamic-sampling-filter-path" not in got
+    assert got["--dynamic-sampling-filter-path"] == "tau2_rl_pipeline.slime_plugins.batch.filter_groups"
     assert "--apply-chat-template" not in got
     assert got["--input-key"] == "input" and got["--metadata-key"] == "metadata"
     assert got["--prompt-data"] == str(dry_dir / "out/data/tasks/tau2_train_all_tasks.jsonl")
@@ -221,11 +221,35 @@ def test_global_batch_follows_the_rollout_size_by_default(dry_dir: Path) -> None
     assert grpo_flags(dry_dir, GRPO_N_SAMPLES="2")["--global-batch-size"] == "32"
 
 
-@pytest.mark.parametrize("value", ["1", "true", "ON"])
-def test_zero_std_filter_is_opt_in(dry_dir: Path, value: str) -> None:
+@pytest.mark.parametrize("value", ["0", "1", "true", "ON"])
+def test_the_dynamic_filter_is_always_on(dry_dir: Path, value: str) -> None:
+    """It drops all-aborted groups whatever TAU2_FILTER_ZERO_STD says (which it reads in the Ray job)."""
     got = grpo_flags(dry_dir, TAU2_FILTER_ZERO_STD=value)
-    assert got["--dynamic-sampling-filter-path"] == "tau2_rl_pipeline.slime_plugins.adapter.filter_zero_std_groups"
-    assert "--dynamic-sampling-filter-path" not in grpo_flags(dry_dir, TAU2_FILTER_ZERO_STD="false")
+    assert got["--dynamic-sampling-filter-path"] == "tau2_rl_pipeline.slime_plugins.batch.filter_groups"
+    assert got["--custom-rollout-log-function-path"] == "tau2_rl_pipeline.slime_plugins.batch.log_rollout"
+
+
+@pytest.mark.parametrize("env, says", [
+    ({"GRPO_MASK_OFFPOLICY": "0", "GRPO_USE_TIS": "0"}, "GRPO_USE_TIS=1 or GRPO_MASK_OFFPOLICY=1"),
+    ({"GRPO_MASK_OFFPOLICY": "0", "GRPO_USE_TIS": "0", "GRPO_ASYNC": "1"}, "GRPO_USE_TIS=1 or GRPO_MASK_OFFPOLICY=1"),
+    ({"GRPO_MASK_OFFPOLICY": "0", "GRPO_ALGORITHM": "awsft"}, "awsft never applies TIS"),
+])
+def test_training_old_weight_turns_without_tis_is_refused(tmp_path: Path, env: dict, says: str) -> None:
+    result = run_script("train_grpo.sh", tmp_path, **env)
+    assert result.rc != 0 and says in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and "ray" not in result.stdout
+
+
+def test_off_policy_settings_in_both_modes(dry_dir: Path) -> None:
+    """Partial rollout, the old-weight mask and TIS reach train.py as they reach train_async.py; TIS only under
+    grpo (slime's custom loss never reads it); GRPO_MASK_OFFPOLICY=0 with TIS is allowed."""
+    sync = grpo_flags(dry_dir)
+    assert {"--partial-rollout", "--mask-offpolicy-in-partial-rollout", "--use-tis"} <= sync.keys()
+    assert "--use-tis" not in grpo_flags(dry_dir, GRPO_ALGORITHM="awsft")
+    unmasked = grpo_flags(dry_dir, GRPO_MASK_OFFPOLICY="0")
+    assert "--mask-offpolicy-in-partial-rollout" not in unmasked and "--use-tis" in unmasked
+    off = grpo_flags(dry_dir, GRPO_PARTIAL_ROLLOUT="0")
+    assert "--partial-rollout" not in off and "--mask-offpolicy-in-partial-rollout" in off
 
 
 def test_awsft_is_a_custom_loss_selected_by_the_grpo_script(dry_dir: Path) -> None:
@@ -234,6 +258,13 @@ def test_awsft_is_a_custom_loss_selected_by_the_grpo_script(dry_dir: Path) -> No
     assert got["--custom-loss-function-path"] == "tau2_rl_pipeline.slime_plugins.awsft.awsft_loss_function"
     assert "--use-kl-loss" in got and got["--kl-loss-coef"] == "0.01"  # the KL term to the reference stays
     assert "--loss-type" not in grpo_flags(dry_dir)  # default: slime's policy loss
+
+
+def test_the_loss_reduction_maps_to_slimes_per_token_flag(dry_dir: Path) -> None:
+    assert "--calculate-per-token-loss" not in grpo_flags(dry_dir)  # slime's per-sample mean, as locally
+    for algorithm in ("grpo", "awsft"):
+        assert "--calculate-per-token-loss" in grpo_flags(dry_dir, TAU2_LOSS_REDUCTION="token_mean",
+                                                          GRPO_ALGORITHM=algorithm)
 
 
 def test_grpo_plug_ins_name_functions_of_this_package(dry_dir: Path) -> None:
@@ -281,7 +312,7 @@ def test_async_grpo_runs_train_async_on_split_policy_gpus(dry_dir: Path) -> None
                                "train_async.py")[1])
     assert "--partial-rollout" in unmasked and "--mask-offpolicy-in-partial-rollout" not in unmasked
     sync = grpo_flags(dry_dir)
-    assert not {"--partial-rollout", "--use-tis", "--rollout-num-gpus", "--rollout-function-path"} & sync.keys()
+    assert not {"--rollout-num-gpus", "--rollout-function-path"} & sync.keys()
 
 
 def test_async_grpo_settings(dry_dir: Path) -> None:
@@ -291,7 +322,7 @@ def test_async_grpo_settings(dry_dir: Path) -> None:
     assert got["--rollout-num-gpus"] == "3" and got["--actor-num-gpus-per-node"] == "1"
     assert got["--tensor-model-parallel-size"] == "1" and "--sequence-parallel" not in got  # TP capped at 1 GPU
     assert got["--rollout-function-path"] == "my_pkg.rollout.run"
-    assert not {"--partial-rollout", "--mask-offpolicy-in-partial-rollout", "--use-tis"} & got.keys()
+    assert not {"--partial-rollout", "--use-tis"} & got.keys() and "--mask-offpolicy-in-partial-rollout" in got
 
 
 # ---- SFT / RFT ------------------------------------------------------------------------------------------------
@@ -471,6 +502,7 @@ def test_user_sim_serves_where_the_rollout_looks(dry_dir: Path) -> None:
     ("train_grpo.sh", {"GRPO_N_SAMPLES": "0"}, "GRPO_N_SAMPLES=0 must be a positive integer"),
     ("train_grpo.sh", {"GRPO_KL_LOSS_TYPE": "kl"}, "GRPO_KL_LOSS_TYPE=kl is not one of"),
     ("train_grpo.sh", {"GRPO_ALGORITHM": "ppo"}, "GRPO_ALGORITHM=ppo is not one of: grpo awsft"),
+    ("train_grpo.sh", {"TAU2_LOSS_REDUCTION": "sum"}, "TAU2_LOSS_REDUCTION=sum is not one of: sample_mean token_mean"),
     ("train_grpo.sh", {"GRPO_GLOBAL_BATCH_SIZE": "48"}, "must divide the 64 samples"),
     ("train_grpo.sh", {"TAU2_GPU_LAYOUT": "3"}, "TAU2_GPU_LAYOUT=3 is not one of: 8, 4, 2"),
     ("train_grpo.sh", {"TAU2_FILTER_ZERO_STD": "maybe"}, "TAU2_FILTER_ZERO_STD=maybe must be true or false"),

@@ -14,32 +14,25 @@ from pathlib import Path
 
 import pytest
 
-from tau2_rl_pipeline.benchmark.actions import (
-    format_tool_call,
-    parse_completion,
-    render_assistant_text,
-)
+from tau2_rl_pipeline.benchmark.actions import format_tool_call, parse_completion, render_assistant_text
 from tau2_rl_pipeline.benchmark.episode import AGENT_STOP_TOKEN
 from tau2_rl_pipeline.benchmark.oracle import gold_actions
 from tau2_rl_pipeline.benchmark.prompting import render
 from tau2_rl_pipeline.benchmark.tasks import get_task, load_tasks
 from tau2_rl_pipeline.benchmark.tau2_version import V1
-from tau2_rl_pipeline.learning.sft_data import (
+from tau2_rl_pipeline.learning.oracle_demos import oracle_demo, oracle_demonstrations, play_turns
+from tau2_rl_pipeline.learning.seed_data import (
     SEED_DATASET,
     SEED_FILE,
     RowError,
     SeedDataError,
     dataset_files,
-    domain_spec,
     load_seed,
-    main,
     normalize_row,
-    oracle_demo,
-    oracle_demonstrations,
-    play_turns,
     read_rows,
-    sft_chat,
 )
+from tau2_rl_pipeline.learning.sft_data import main
+from tau2_rl_pipeline.learning.sft_rows import domain_spec, sft_chat
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURE = REPO / "tests" / "data" / "seed_fixture.jsonl"

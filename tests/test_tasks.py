@@ -6,12 +6,7 @@ import sys
 
 import pytest
 
-from tau2_rl_pipeline.benchmark.tasks import (
-    TaskLookupError,
-    get_task,
-    load_tasks,
-    write_task_index,
-)
+from tau2_rl_pipeline.benchmark.tasks import TaskLookupError, get_task, load_tasks, write_task_index
 from tau2_rl_pipeline.benchmark.tau2_version import V1, VERSION, task_set_hash
 
 

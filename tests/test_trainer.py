@@ -24,13 +24,7 @@ from tau2_rl_pipeline.benchmark.prompting import render
 from tau2_rl_pipeline.benchmark.tasks import get_task, load_tasks
 from tau2_rl_pipeline.benchmark.users import ScriptedUser, opening_request
 from tau2_rl_pipeline.config import Tau2Config
-from tau2_rl_pipeline.learning.losses import (
-    gather_logprobs,
-    grpo_loss,
-    low_var_kl,
-    merge_metrics,
-    sft_loss,
-)
+from tau2_rl_pipeline.learning.losses import gather_logprobs, grpo_loss, low_var_kl, merge_metrics, sft_loss
 from tau2_rl_pipeline.local.trainer import (
     LocalTrainer,
     TrainConfig,
@@ -130,6 +124,23 @@ def test_ppo_clip_loss_equals_the_hand_computed_value_and_clipfrac():
     assert m["clipfrac"] == pytest.approx(2 / 4)  # tokens 1 (above 1.28, A>0) and 2 (below 0.8, A<0)
     assert m["ratio_min"] == pytest.approx(0.5) and m["ratio_max"] == pytest.approx(1.5)
     assert m["ppo_kl"] == pytest.approx(-sum(math.log(r) for r in [1.5, 0.5, 1.1, 0.7]) / 4, rel=1e-6)
+
+
+def test_grpo_reduces_per_sample_by_default_and_per_token_when_asked():
+    """Two samples of 1 and 3 tokens: slime's default weighs each sample's token mean equally; token_mean (slime's
+    --calculate-per-token-loss) weighs every token equally. slime's own reducers on the same tensors:
+    tests/contract/test_slime_awsft.py."""
+    logprobs = torch.tensor([[0.0, 0.1, 0.0, 0.0], [0.0, -0.2, 0.05, 0.3]])
+    adv, mask = torch.tensor([[1.0], [-0.5]]), torch.tensor([[0, 1, 0, 0], [0, 1, 1, 1]])
+    pg = -adv * logprobs.exp()  # no token clipped: every ratio within [0.8, 1.28]
+    per_sample = (pg[0, 1] + pg[1, 1:].mean()) / 2
+    per_token = (pg[0, 1] + pg[1, 1:].sum()) / 4
+    assert float(grpo_loss(logprobs, torch.zeros(2, 4), adv, mask, **PPO)[0]) == pytest.approx(float(per_sample))
+    assert float(grpo_loss(logprobs, torch.zeros(2, 4), adv, mask, reduction="token_mean", **PPO)[0]) == \
+        pytest.approx(float(per_token))
+    assert abs(float(per_sample) - float(per_token)) > 0.1
+    with pytest.raises(ValueError, match="reduction must be one of sample_mean, token_mean"):
+        grpo_loss(logprobs, torch.zeros(2, 4), adv, mask, reduction="mean", **PPO)
 
 
 @pytest.mark.parametrize(("ratio", "advantage", "clipped"), [
@@ -257,6 +268,7 @@ def test_example_from_trajectory_aligns_the_response_books_after_the_prompt():
 @pytest.mark.parametrize(("field", "value", "message"), [
     ("lr", 0.0, "lr must be > 0"), ("eps_clip", 1.0, "eps_clip must be in"), ("dtype", "float16", "dtype must"),
     ("micro_batch_size", 0, "micro_batch_size must be >= 1"), ("betas", (0.9, 1.0), "betas must"),
+    ("loss_reduction", "sum", "loss_reduction must be one of sample_mean, token_mean"),
 ])
 def test_bad_train_config_is_a_one_line_error(tmp_path, field, value, message):
     with pytest.raises(ValueError, match=message) as info:
@@ -472,7 +484,7 @@ def grpo_baseline(tiny_small_dir, off_policy_examples, tmp_path_factory) -> torc
 @pytest.mark.parametrize("override", [
     {"lr": 2e-3}, {"weight_decay": 0.0}, {"betas": (0.8, 0.98)}, {"max_grad_norm": 1e-3}, {"eps_clip": 0.1},
     {"eps_clip_high": 0.5}, {"kl_coef": 0.5}, {"entropy_coef": 0.05}, {"rollout_temperature": 0.8},
-    {"dtype": "bfloat16"},
+    {"dtype": "bfloat16"}, {"loss_reduction": "token_mean"},
 ])
 def test_every_grpo_setting_changes_the_update(tiny_small_dir, off_policy_examples, grpo_baseline, tmp_path,
                                                override):

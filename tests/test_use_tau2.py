@@ -7,7 +7,6 @@ importing it, so tau2's own dependencies are not needed to prove that exactly on
 from __future__ import annotations
 
 import subprocess
-import sys
 import venv
 from pathlib import Path
 

@@ -18,23 +18,12 @@ from typing import Any
 import pytest
 from tau2.data_model.message import AssistantMessage, ToolMessage, UserMessage
 
-from tau2_rl_pipeline.benchmark.actions import (
-    format_tool_call,
-    render_assistant_text,
-    split_reasoning,
-)
+from tau2_rl_pipeline.benchmark.actions import format_tool_call, render_assistant_text, split_reasoning
 from tau2_rl_pipeline.benchmark.episode import Episode, build_environment
 from tau2_rl_pipeline.benchmark.tasks import load_tasks
 from tau2_rl_pipeline.benchmark.tau2_version import USER_ASKS_AGAIN_WHEN_EMPTY, V1
-from tau2_rl_pipeline.benchmark.user_client import (
-    AsyncUserSimulator,
-    user_request_payload,
-)
-from tau2_rl_pipeline.benchmark.users import (
-    UserConfigError,
-    make_user_factory,
-    user_client_kind,
-)
+from tau2_rl_pipeline.benchmark.user_client import AsyncUserSimulator, user_request_payload
+from tau2_rl_pipeline.benchmark.users import UserConfigError, make_user_factory, user_client_kind
 from tau2_rl_pipeline.config import Tau2Config
 from tau2_rl_pipeline.rollout.engines import SamplingParams, SGLangEngine
 from tau2_rl_pipeline.rollout.episode_loop import COMPLETED, run_episode

@@ -21,14 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Collection, Sequence
 
 from pydantic import ValidationError
-from tau2.data_model.message import (
-    AssistantMessage,
-    Message,
-    MultiToolMessage,
-    ToolCall,
-    ToolMessage,
-    UserMessage,
-)
+from tau2.data_model.message import AssistantMessage, Message, MultiToolMessage, ToolCall, ToolMessage, UserMessage
 from tau2.data_model.simulation import RewardInfo, SimulationRun, TerminationReason
 from tau2.data_model.tasks import Task
 from tau2.environment.environment import Environment
@@ -39,27 +32,10 @@ from tau2.user.user_simulator import UserSimulator
 from tau2.utils.utils import get_now
 
 from tau2_rl_pipeline.benchmark import judge
-from tau2_rl_pipeline.benchmark.actions import (
-    ParsedAction,
-    parse_completion,
-    split_reasoning,
-)
-from tau2_rl_pipeline.benchmark.fast_env import (
-    fast_domain,
-    fast_environment,
-    has_fast_path,
-)
-from tau2_rl_pipeline.benchmark.prompting import (
-    agent_system_prompt,
-    to_agent_chat,
-    tool_schemas,
-)
-from tau2_rl_pipeline.benchmark.tau2_version import (
-    DEFAULT_RETRIEVAL_VARIANT,
-    BaseUser,
-    env_kwargs,
-    needs_judge,
-)
+from tau2_rl_pipeline.benchmark.actions import ParsedAction, parse_completion, split_reasoning
+from tau2_rl_pipeline.benchmark.fast_env import fast_domain, fast_environment, has_fast_path
+from tau2_rl_pipeline.benchmark.prompting import agent_system_prompt, to_agent_chat, tool_schemas
+from tau2_rl_pipeline.benchmark.tau2_version import DEFAULT_RETRIEVAL_VARIANT, BaseUser, env_kwargs, needs_judge
 
 log = logging.getLogger(__name__)
 

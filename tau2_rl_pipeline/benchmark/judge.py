@@ -10,8 +10,14 @@ and its reward combination:
   `TAU2_JUDGE_API_BASE` an OpenAI-compatible server (`openai/<served name>` + `http://host:port/v1`, e.g.
   scripts/start_judge.sh on SGLang);
 - each call has a timeout (`TAU2_JUDGE_TIMEOUT_S`) and is retried with exponential backoff
-  (`TAU2_JUDGE_MAX_RETRIES`, `TAU2_JUDGE_BACKOFF_S`) on errors, timeouts and answers that are not the JSON
-  tau2 parses (a `results` list of `{expectedOutcome, reasoning, metExpectation: bool}`);
+  (`TAU2_JUDGE_MAX_RETRIES`, `TAU2_JUDGE_BACKOFF_S`) on errors, timeouts and answers it does not accept;
+- which answers it accepts is `TAU2_JUDGE_ANSWERS`: `tau2` (the default) = exactly those tau2 1.0.1's own parsing
+  grades (json.loads, `results` read with a default of [], each result made a pydantic NLAssertionCheck), which
+  tau2 then grades itself, so an evaluation scores as the leaderboard's does: `{"results": []}` and an answer with
+  no `results` score 1.0 (no assertion failed), `"true"` counts as true; an answer tau2's parsing raises on (not
+  JSON, a result without its keys, `"maybe"`) is retried, where tau2 alone would stop the run. `strict` (for
+  training rewards) accepts only a non-empty `results` list of `{expectedOutcome, reasoning, metExpectation}` with
+  a real true/false verdict: a degenerate answer never passes an episode;
 - a judge that fails for good raises `JudgeError`: the episode is aborted (recorded, never scored), exactly as
   when the user simulator fails;
 - calls, failed attempts and tokens are counted per process (`Judge.usage`) and per episode (`episode_usage`).
@@ -67,6 +73,7 @@ class JudgeSettings:
     max_retries: int = 4
     backoff_s: float = 1.0
     temperature: float = 0.0  # tau2's DEFAULT_LLM_NL_ASSERTIONS_TEMPERATURE: the grading, not a knob
+    answers: str = "tau2"  # TAU2_JUDGE_ANSWERS: which answers are graded (tau2's own parsing, or strict)
 
     @classmethod
     def from_config(cls, cfg: Tau2Config) -> "JudgeSettings":
@@ -74,7 +81,7 @@ class JudgeSettings:
 
         return cls(model=cfg.judge_model or judge_default_model() or "gpt-4.1-2025-04-14",
                    api_base=cfg.judge_api_base, timeout_s=cfg.judge_timeout_s, max_retries=cfg.judge_max_retries,
-                   backoff_s=cfg.judge_backoff_s)
+                   backoff_s=cfg.judge_backoff_s, answers=cfg.judge_answers)
 
     def litellm_args(self) -> dict[str, Any]:
         """Arguments of one litellm call; never a secret (litellm reads API keys from the environment)."""
@@ -88,13 +95,36 @@ class JudgeSettings:
 
     def public(self) -> dict[str, Any]:
         """What a run records about its judge (no key; the API base without credentials is the caller's job)."""
-        return {"model": self.model, "api_base": self.api_base or None, "temperature": self.temperature}
+        return {"model": self.model, "api_base": self.api_base or None, "temperature": self.temperature,
+                "answers": self.answers}
 
 
-def check_answer(content: str | None) -> str:
-    """The judge's answer if tau2 can parse it (see the module docstring), else ValueError saying why."""
+ANSWERS = ("tau2", "strict")  # TAU2_JUDGE_ANSWERS
+
+
+def check_answer(content: str | None, answers: str = "tau2") -> str:
+    """The judge's answer if it is accepted under `answers` (see the module docstring), else ValueError saying why."""
+    if answers not in ANSWERS:
+        raise ValueError(f"answers must be one of {', '.join(ANSWERS)}, got {answers!r}")
     if not content:
         raise ValueError("empty answer")
+    return _strict(content) if answers == "strict" else _as_tau2_parses(content)
+
+
+def _as_tau2_parses(content: str) -> str:
+    """What tau2 1.0.1's NLAssertionsEvaluator does with the answer, short of grading it: ValueError where it raises."""
+    from tau2.data_model.simulation import NLAssertionCheck
+
+    try:
+        results = json.loads(content).get("results", [])
+        for r in results:
+            NLAssertionCheck(nl_assertion=r["expectedOutcome"], met=r["metExpectation"], justification=r["reasoning"])
+    except (AttributeError, KeyError, TypeError) as e:  # ValueError (bad JSON, pydantic's errors) passes as it is
+        raise ValueError(f"tau2 cannot parse it ({type(e).__name__}: {e})") from None
+    return content
+
+
+def _strict(content: str) -> str:
     data = json.loads(content)
     results = data.get("results") if isinstance(data, dict) else None
     if not isinstance(results, list) or not results:
@@ -160,7 +190,7 @@ class Judge:
             tokens = {"prompt_tokens": int(getattr(usage, "prompt_tokens", 0) or 0),
                       "completion_tokens": int(getattr(usage, "completion_tokens", 0) or 0)}
             try:
-                content = check_answer(response.choices[0].message.content)
+                content = check_answer(response.choices[0].message.content, s.answers)
             except (ValueError, AttributeError, IndexError) as e:
                 last = f"malformed answer: {e}"
                 self._count(failed_attempts=1, **tokens)

@@ -18,14 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import tau2_rl_pipeline  # noqa: F401  (quiet logging, offline litellm before tau2 loads)
-from tau2_rl_pipeline.benchmark.tau2_version import (
-    DOMAINS,
-    SPLITS,
-    TASK_SETS,
-    UNSUPPORTED,
-    VERSION,
-    task_set_hash,
-)
+from tau2_rl_pipeline.benchmark.tau2_version import DOMAINS, SPLITS, TASK_SETS, UNSUPPORTED, VERSION, task_set_hash
 from tau2_rl_pipeline.config import command_parser
 from tau2_rl_pipeline.files import atomic_write_bytes
 

@@ -114,10 +114,7 @@ def retrieval_needs(variant: str) -> list[str]:
     """What a retrieval variant needs beyond this package, read from tau2's own variant definition: the API keys of
     the services its embeddings and LLM reranker call over the network, the `srt` sandbox binary of its shell
     tool, `rank_bm25` (tau2's `knowledge` extra) for BM25. RetrievalVariantError for an unknown name."""
-    from tau2.domains.banking_knowledge.retrieval import (
-        RETRIEVAL_VARIANTS,
-        resolve_variant,
-    )
+    from tau2.domains.banking_knowledge.retrieval import RETRIEVAL_VARIANTS, resolve_variant
 
     try:
         return _needs(resolve_variant(variant))

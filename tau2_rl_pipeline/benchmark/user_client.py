@@ -40,7 +40,7 @@ from tau2_rl_pipeline.benchmark.tau2_version import (
     check_user_request,
     record_user_input,
 )
-from tau2_rl_pipeline.http_post import RequestFailed, RetryingPost
+from tau2_rl_pipeline.http_post import RequestFailed, RetryingPost, split_urls
 
 logger = logging.getLogger(__name__)
 OPENAI_PREFIX = "openai/"
@@ -110,11 +110,13 @@ def parse_chat_response(content: bytes) -> tuple[dict, UserMessage]:
 
 
 def chat_client(api_base: str, *, timeout_s: float, max_retries: int, max_in_flight: int) -> RetryingPost:
-    """The HTTP client of a user-simulator server, shared by every user an episode factory builds. The key, when
-    there is one, is OPENAI_API_KEY (litellm's), read here and sent only to that server; else "EMPTY", as litellm
+    """The HTTP client of a user-simulator server (or router), or of several (their API bases comma-separated: each
+    call goes to the one with the fewest in flight), shared by every user an episode factory builds. The key, when
+    there is one, is OPENAI_API_KEY (litellm's), read here and sent only to those servers; else "EMPTY", as litellm
     sends for a local server."""
     key = os.environ.get("OPENAI_API_KEY") or "EMPTY"
-    return RetryingPost(api_base.rstrip("/") + "/chat/completions", name="user simulator /v1/chat/completions",
+    urls = [base.rstrip("/") + "/chat/completions" for base in split_urls(api_base)]
+    return RetryingPost(urls, name="user simulator /v1/chat/completions",
                         timeout_s=timeout_s, max_retries=max_retries, max_in_flight=max_in_flight,
                         headers={"Authorization": f"Bearer {key}"})
 

@@ -24,11 +24,7 @@ from tau2.environment.environment import Environment
 from tau2.user.user_simulator import UserSimulator
 
 from tau2_rl_pipeline.benchmark.tau2_version import STOP, BaseUser, UserState
-from tau2_rl_pipeline.benchmark.user_client import (
-    OPENAI_PREFIX,
-    AsyncUserSimulator,
-    chat_client,
-)
+from tau2_rl_pipeline.benchmark.user_client import OPENAI_PREFIX, AsyncUserSimulator, chat_client
 from tau2_rl_pipeline.benchmark.user_strategies import AsyncStrategyUser, StrategyUser
 from tau2_rl_pipeline.config import Tau2Config
 
@@ -64,8 +60,10 @@ class ScriptedUser(BaseUser):
         self.unsure_reply = unsure_reply
         criteria = task.evaluation_criteria
         self.user_actions = [a for a in (criteria.actions or []) if a.requestor == "user"] if criteria else []
+        self.history = 0
 
     def get_init_state(self, message_history: Optional[list[Message]] = None) -> UserState:
+        self.history = len(message_history or [])  # a task's earlier conversation: the user has not spoken yet here
         return UserState(system_messages=[], messages=list(message_history or []))
 
     @classmethod
@@ -77,7 +75,7 @@ class ScriptedUser(BaseUser):
 
     def generate_next_message(self, message, state: UserState) -> tuple[UserMessage, UserState]:
         state.messages.append(message)
-        mine = [m for m in state.messages if isinstance(m, UserMessage)]
+        mine = [m for m in state.messages[self.history:] if isinstance(m, UserMessage)]
         done = sum(len(m.tool_calls) for m in mine if m.is_tool_call())
         unsure = sum(1 for m in mine if m.content == self.unsure_reply)
         asked = _last_agent_text(state.messages)
@@ -147,6 +145,10 @@ def check_llm_user(cfg: Tau2Config) -> None:
                               "blocking calls would stall: set it to 1 or more (default 64), or use the async "
                               "client with a local server (TAU2_USER_CLIENT=async)")
     if cfg.user_api_base:
+        if "," in cfg.user_api_base:
+            raise UserConfigError("TAU2_USER_API_BASE lists several servers, which only the async client spreads "
+                                  "requests over (TAU2_USER_CLIENT=async, an openai/ TAU2_USER_MODEL); for litellm "
+                                  "put them behind one router (scripts/start_router.sh) and give its URL")
         return
     import litellm
 

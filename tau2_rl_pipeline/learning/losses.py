@@ -13,16 +13,21 @@ Read from THUDM/slime at commit 624b824a898ab0ec1fcb4d373004c7f3852bf515 (no cod
   exp(ref - logp) - 1 - (ref - logp), clamped to [-10, 10]; non-negative, unbiased, zero when policy == reference.
 
 `awsft_loss` is not slime's: advantage-weighted SFT (the stable alternative to policy gradient on long multi-turn
-episodes), teacher-forced NLL of the policy tokens, each episode weighted by its group-normalized advantage mapped
-to a positive weight, w = clamp(clamp(A, -3, 3) + 1, 0.1, 5), plus kl_coef * KL to the reference. It takes the
-reduction as an argument, so the local trainer (token mean) and the slime custom loss (slime's
-`sum_of_sample_mean`, tau2_rl_pipeline/slime_plugins/awsft.py) run the same function.
+episodes), teacher-forced NLL of the policy tokens, each episode weighted by its AWSFT weight (learning/awsft.py:
+the recipe's batch-normalised advantage over the reference's pass rate, computed in the reward post-process), plus
+kl_coef * KL to the reference. It takes the reduction as an argument, so the local trainer and the slime custom
+loss (slime's own reducer, tau2_rl_pipeline/slime_plugins/awsft.py) run the same function.
 
-Aggregation is slime's `--calculate-per-token-loss` (`sum_of_token` in slime/backends/megatron_utils/cp_utils.py
-`get_sum_of_sample_mean`, divided by the step's token count in `loss_function`): every mask-1 token of the whole
-optimizer step weighs the same, so a long trajectory counts for more than a short one. slime's default (without
-that flag) is the mean of per-sample means instead; it is not implemented here. Pass the step's total mask-1 count
-as `num_tokens` to every micro-batch and the micro-batch losses (and metrics) sum to the step's token mean.
+Aggregation (`reducer`), one choice on both paths (TAU2_LOSS_REDUCTION), the same numbers as slime's reducers
+(`get_sum_of_sample_mean` in slime/backends/megatron_utils/cp_utils.py, then the scaling in `loss_function`):
+- `sample_mean` (slime's default): each sample's masked token mean (its mask-1 count, at least 1), summed and
+  divided by the step's sample count (slime: times num_microbatches / the step's global batch size), so every
+  episode weighs the same whatever its length;
+- `token_mean` (slime's `--calculate-per-token-loss`): the masked sum divided by the step's mask-1 token count
+  (slime: Megatron divides by the summed `num_tokens`), so a long episode counts for more than a short one.
+Pass the step's totals (`num_tokens`, `num_samples`) to every micro-batch and the micro-batch losses (and
+metrics) sum to the step's value. One difference: slime keeps a removed sample (aborted, filtered) in its batch at
+mask 0, where it still counts as a sample (and as one token), while the local trainer leaves it out. SFT is `token_mean` on both paths (slime's SFT runs with the per-token flag).
 
 Tensors are [batch, seq] and aligned to the input ids: position i holds the value for predicting token i, and
 position 0 (nothing to predict it from) is always 0 with mask 0.
@@ -59,9 +64,22 @@ def gather_logprobs(logits: torch.Tensor, targets: torch.Tensor, *, temperature:
     return picked, entropy
 
 
-def _token_mean(x: torch.Tensor, mask: torch.Tensor, num_tokens: int | None) -> torch.Tensor:
-    denominator = int(mask.sum().item()) if num_tokens is None else num_tokens
-    return (x * mask).sum() / max(denominator, 1)
+REDUCTIONS = ("sample_mean", "token_mean")
+
+
+def reducer(loss_mask: torch.Tensor, reduction: str, *, num_tokens: int | None = None,
+            num_samples: int | None = None) -> Callable[[torch.Tensor], torch.Tensor]:
+    """x [batch, seq] -> the masked mean of x as `reduction` defines it (module docstring); the denominators
+    default to this batch's own mask-1 count / row count."""
+    mask = loss_mask.float()
+    if reduction == "token_mean":
+        tokens = int(mask.sum().item()) if num_tokens is None else num_tokens
+        return lambda x: (x * mask).sum() / max(tokens, 1)
+    if reduction == "sample_mean":
+        per_sample = mask.sum(-1).clamp_min(1.0)
+        samples = mask.shape[0] if num_samples is None else num_samples
+        return lambda x: ((x * mask).sum(-1) / per_sample).sum() / max(samples, 1)
+    raise ValueError(f"reduction must be one of {', '.join(REDUCTIONS)}, got {reduction!r}")
 
 
 def sft_loss(logprobs: torch.Tensor, loss_mask: torch.Tensor, *,
@@ -71,7 +89,7 @@ def sft_loss(logprobs: torch.Tensor, loss_mask: torch.Tensor, *,
     Only mask-1 positions are targets: whatever sits at a mask-0 position never enters the sum.
     """
     mask = loss_mask.to(logprobs.dtype)
-    loss = -_token_mean(logprobs, mask, num_tokens)
+    loss = -reducer(mask, "token_mean", num_tokens=num_tokens)(logprobs)
     return loss, {"loss": float(loss.detach())}
 
 
@@ -82,27 +100,27 @@ def low_var_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tens
 
 
 def grpo_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
-              loss_mask: torch.Tensor, *, eps_clip: float, eps_clip_high: float, num_tokens: int | None = None,
+              loss_mask: torch.Tensor, *, eps_clip: float, eps_clip_high: float, reduction: str = "sample_mean",
+              num_tokens: int | None = None, num_samples: int | None = None,
               entropy: torch.Tensor | None = None, entropy_coef: float = 0.0,
               ref_logprobs: torch.Tensor | None = None, kl_coef: float = 0.0) -> tuple[torch.Tensor, dict[str, float]]:
-    """PPO-clip policy loss with optional entropy bonus and low_var_kl penalty, token mean over the loss mask.
+    """PPO-clip policy loss with optional entropy bonus and low_var_kl penalty, reduced as `reduction` says
+    (`reducer`; slime's default per-sample mean unless told otherwise).
 
-    `advantages` broadcasts against `logprobs` (a per-sequence advantage as [batch, 1]). Metrics are token means
-    over the same denominator (so micro-batch metrics add up, see `merge_metrics`), except ratio_min / ratio_max.
+    `advantages` broadcasts against `logprobs` (a per-sequence advantage as [batch, 1]). Metrics go through the
+    same reduction (so micro-batch metrics add up, see `merge_metrics`), except ratio_min / ratio_max.
     """
     if entropy_coef and entropy is None:
         raise ValueError("entropy_coef is set but no entropy was given")
     if kl_coef and ref_logprobs is None:
         raise ValueError("kl_coef is set but no reference log-probs were given")
     mask = loss_mask.to(logprobs.dtype)
+    mean = reducer(mask, reduction, num_tokens=num_tokens, num_samples=num_samples)
     log_ratio = logprobs - old_logprobs
     ratio = log_ratio.exp()
     unclipped = -advantages * ratio
     clipped = -advantages * ratio.clamp(1.0 - eps_clip, 1.0 + eps_clip_high)
     pg = torch.maximum(unclipped, clipped)
-
-    def mean(x: torch.Tensor) -> torch.Tensor:
-        return _token_mean(x, mask, num_tokens)
 
     pg_loss = mean(pg)
     loss = pg_loss
@@ -128,27 +146,17 @@ def grpo_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: to
     return loss, metrics
 
 
-AWSFT_ADVANTAGE_CLIP = 3.0  # |A| beyond 3 group standard deviations says nothing more
-AWSFT_MIN_WEIGHT = 0.1  # a bad episode is still imitated a little (its format, its tool use), never unlearned
-AWSFT_MAX_WEIGHT = 5.0
-
-
-def awsft_weights(advantages: torch.Tensor) -> torch.Tensor:
-    """w = clamp(clamp(A, -3, 3) + 1, 0.1, 5): positive, 1 at A = 0, linear in between."""
-    clipped = advantages.float().clamp(-AWSFT_ADVANTAGE_CLIP, AWSFT_ADVANTAGE_CLIP)
-    return (clipped + 1.0).clamp(AWSFT_MIN_WEIGHT, AWSFT_MAX_WEIGHT)
-
-
-def awsft_loss(logprobs: torch.Tensor, advantages: torch.Tensor, reduce: Callable[[torch.Tensor], torch.Tensor], *,
+def awsft_loss(logprobs: torch.Tensor, weights: torch.Tensor, reduce: Callable[[torch.Tensor], torch.Tensor], *,
                kl: torch.Tensor | None = None, kl_coef: float = 0.0) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """reduce(-w * logp) + kl_coef * reduce(kl), w = awsft_weights(advantages) broadcast to the tokens.
+    """reduce(-w * logp) + kl_coef * reduce(kl), w each sample's AWSFT weight (learning/awsft.py) broadcast to its
+    tokens.
 
-    `reduce` is the masked aggregation (the local token mean, or slime's sum_of_sample_mean); `kl` the per-token
+    `reduce` is the masked aggregation (`reducer` locally, slime's sum_of_sample_mean on slime); `kl` the per-token
     KL estimate to the reference, or None for no KL term. Metrics are detached tensors through the same reduce.
     """
     if kl_coef and kl is None:
         raise ValueError("kl_coef is set but no per-token KL was given")
-    weights = awsft_weights(advantages).expand_as(logprobs)
+    weights = weights.float().expand_as(logprobs)
     nll = reduce(-weights * logprobs)
     loss = nll
     metrics = {"awsft_nll": nll.detach(), "awsft_weight": reduce(weights).detach()}
@@ -160,15 +168,15 @@ def awsft_loss(logprobs: torch.Tensor, advantages: torch.Tensor, reduce: Callabl
     return loss, metrics
 
 
-def local_awsft_loss(logprobs: torch.Tensor, advantages: torch.Tensor, loss_mask: torch.Tensor, *,
-                     num_tokens: int | None = None, ref_logprobs: torch.Tensor | None = None,
+def local_awsft_loss(logprobs: torch.Tensor, weights: torch.Tensor, loss_mask: torch.Tensor, *,
+                     reduction: str = "sample_mean", num_tokens: int | None = None, num_samples: int | None = None,
+                     ref_logprobs: torch.Tensor | None = None,
                      kl_coef: float = 0.0) -> tuple[torch.Tensor, dict[str, float]]:
-    """`awsft_loss` over [batch, seq] tensors as the local trainer aggregates (token mean over `num_tokens`),
-    with low_var_kl to `ref_logprobs` when given."""
-    mask = loss_mask.to(logprobs.dtype)
+    """`awsft_loss` over [batch, seq] tensors as the local trainer reduces them (`reducer`), with low_var_kl to
+    `ref_logprobs` when given; `weights` [batch, 1]."""
     kl = None if ref_logprobs is None else low_var_kl(logprobs, ref_logprobs)
-    loss, metrics = awsft_loss(logprobs, advantages, lambda x: _token_mean(x, mask, num_tokens), kl=kl,
-                               kl_coef=kl_coef)
+    reduce = reducer(loss_mask.to(logprobs.dtype), reduction, num_tokens=num_tokens, num_samples=num_samples)
+    loss, metrics = awsft_loss(logprobs, weights, reduce, kl=kl, kl_coef=kl_coef)
     return loss, {k: float(v) for k, v in metrics.items()}
 
 

@@ -19,6 +19,7 @@ from typing import Any, Protocol
 from tau2.data_model.simulation import RewardInfo
 
 from tau2_rl_pipeline.config import Tau2Config
+from tau2_rl_pipeline.learning import awsft
 from tau2_rl_pipeline.learning.curriculum import CurriculumTracker
 from tau2_rl_pipeline.metrics import is_success
 
@@ -181,14 +182,17 @@ def task_key(metadata: dict) -> str:
 
 
 def post_process(samples: Sequence[SampleLike], group_size: int, cfg: Tau2Config,
-                 tracker: CurriculumTracker) -> tuple[list[float], list[float]]:
-    """(raw task rewards, advantages) for a flat batch of groups of `group_size` samples, in order.
+                 tracker: CurriculumTracker, algorithm: str = "grpo") -> tuple[list[float], list[float]]:
+    """(raw task rewards, advantages) for a flat batch of groups of `group_size` samples, in order; with
+    algorithm="awsft" the second list holds each sample's AWSFT weight instead (learning/awsft.py: the reward over
+    the reference's pass rate metadata["reference_pass_rate"], normalised over the whole batch, the curriculum
+    weight composed so it never raises a weight at or below 1).
 
-    Aborted and removed samples get advantage 0 and stay out of group statistics. Every non-aborted sample
-    (it must carry metadata["raw_reward"]) is recorded in the tracker by tau2's success rule; the whole batch
-    is recorded before weights are read, so all samples of a task get the same weight. With
-    TAU2_FILTER_ZERO_STD, samples of all-equal groups are marked `remove_sample` (slime then zeroes their
-    loss mask); the tracker counts such groups either way.
+    Aborted and removed samples get advantage (and weight) 0 and stay out of group (and batch) statistics. Every
+    non-aborted sample (it must carry metadata["raw_reward"]) is recorded in the tracker by tau2's success rule; the
+    whole batch is recorded before weights are read, so all samples of a task get the same weight. With
+    TAU2_FILTER_ZERO_STD, samples of all-equal groups are marked `remove_sample` (slime then zeroes their loss mask);
+    the tracker counts such groups either way.
     """
     _check_groups(len(samples), group_size)
     aborted = [s.status.name == "ABORTED" for s in samples]
@@ -211,8 +215,23 @@ def post_process(samples: Sequence[SampleLike], group_size: int, cfg: Tau2Config
                 sample.remove_sample = True
         valid = keep
 
+    curriculum = [tracker.weight(task_key(s.metadata)) if ok and cfg.apply_curriculum_weights else 1.0
+                  for s, ok in zip(samples, valid)]
+    if algorithm == "awsft":
+        baselines = [reference_pass_rate(s.metadata) for s in samples]
+        return raw_rewards, awsft.batch_weights(rewards, baselines, valid, curriculum)
+    if algorithm != "grpo":
+        raise ValueError(f"algorithm must be grpo or awsft, got {algorithm!r}")
     advantages = group_normalize(rewards, valid, group_size, cfg.grpo_std_normalization)
-    if cfg.apply_curriculum_weights:
-        advantages = [a * tracker.weight(task_key(s.metadata)) if ok else 0.0
-                      for a, s, ok in zip(advantages, samples, valid)]
-    return raw_rewards, advantages
+    return raw_rewards, [a * c if ok else 0.0 for a, c, ok in zip(advantages, curriculum, valid)]
+
+
+def reference_pass_rate(metadata: dict) -> float | None:
+    """V* of a sample's task as the difficulty stage recorded it (None: not measured); a bad value is an error."""
+    value = metadata.get(awsft.BASELINE_KEY)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
+        raise ValueError(f"task {metadata.get('task_id')!r}: metadata[{awsft.BASELINE_KEY!r}]={value!r} must be a "
+                         "pass rate in [0, 1] (written by python -m tau2_rl_pipeline.selection.difficulty)")
+    return float(value)

@@ -10,6 +10,8 @@ from rich.console import Console
 
 STAGES = ("base", "sft", "rft", "grpo")
 ALGORITHMS = ("grpo", "awsft")  # the policy stage's loss: PPO-clip, or advantage-weighted SFT
+# (baseline, candidate): each stage against the one it starts from
+COMPARISONS = (("base", "sft"), ("sft", "rft"), *(("rft", algorithm) for algorithm in ALGORITHMS))
 
 
 def stage_numbers(summary: dict, domain: str) -> dict:
@@ -119,6 +121,36 @@ def summary_lines(report: dict) -> list[str]:
             if same_numbers(report["stages"].get("rft"), report["stages"].get(algorithm)):
                 lines.append(f"{algorithm.upper()} changed nothing measurable: its row equals RFT's on every metric "
                              "(its updates flipped no evaluated episode)")
+    return lines
+
+
+def stage_comparisons(eval_dir: Path, stages: list[str]) -> dict[str, dict]:
+    """Each evaluated stage against the stage it starts from (SFT vs base, RFT vs SFT, GRPO and AWSFT vs RFT): the
+    paired comparison of their evaluation runs (eval/compare.py) over the same tasks, or why there is none (an
+    evaluation run missing or unreadable, or runs that measure different things)."""
+    from eval.compare import compare_runs
+    from eval.compare_cli import load_run
+
+    out: dict[str, dict] = {}
+    for a, b in COMPARISONS:
+        if a in stages and b in stages:
+            try:
+                out[f"{b} vs {a}"] = compare_runs(load_run(eval_dir / f"{a}.json"), load_run(eval_dir / f"{b}.json"))
+            except ValueError as e:  # RunLoadError, NotComparable, no task scored in both
+                out[f"{b} vs {a}"] = {"error": str(e)}
+    return out
+
+
+def stage_verdicts(report: dict) -> list[str]:
+    """One line per comparison and domain: the differences with their CIs and p-values, and whether they are
+    significant, said plainly."""
+    from eval.compare import verdict_lines
+
+    lines = []
+    for name, result in report.get("comparisons", {}).items():
+        b, a = (s.upper() for s in name.split(" vs "))
+        lines += ([f"{b} vs {a}: no paired comparison ({result['error']})"] if "error" in result
+                  else verdict_lines(a, b, result))
     return lines
 
 

@@ -1,7 +1,9 @@
 """The local pipeline's policy stage: sample groups with the local engine, shape and normalize rewards as the slime
 run does (reward.post_process, the curriculum; the judge component when TAU2_USE_JUDGE is on), then one PPO-clip
-step (`grpo`) or one advantage-weighted SFT step (`awsft`) per rollout batch, on the tasks the difficulty filter
-keeps from the RFT stage's pass rates (`difficulty_task_ids`).
+step (`grpo`) or one advantage-weighted SFT step (`awsft`: each episode weighted as learning/awsft.py says, over
+the task's RFT-sampling pass rate) per rollout batch, on the tasks the difficulty filter keeps from the RFT stage's
+pass rates (`difficulty_task_ids`). Both train every kept sample of the batch and reduce the loss as
+TAU2_LOSS_REDUCTION says, as the slime run does.
 
 Resumable step by step: after each step the weights, the optimizer state and the curriculum counts go to
 `<grpo dir>/step_<k>/` and then `progress.json` names that step (the commit point). A rerun restores all three
@@ -23,20 +25,19 @@ from typing import Any, Callable
 
 import torch
 
+from tau2_rl_pipeline.benchmark.monitors import batch_monitors, monitors
 from tau2_rl_pipeline.benchmark.tasks import load_tasks
 from tau2_rl_pipeline.benchmark.users import ScriptedUser
 from tau2_rl_pipeline.config import Tau2Config
 from tau2_rl_pipeline.files import atomic_write_bytes
+from tau2_rl_pipeline.learning.awsft import BASELINE_KEY
 from tau2_rl_pipeline.learning.curriculum import STATE_FILE, CurriculumTracker
 from tau2_rl_pipeline.learning.judge_reward import JudgeClient, judge_trajectory
 from tau2_rl_pipeline.learning.reward import post_process, task_key
-from tau2_rl_pipeline.local.trainer import (
-    LocalTrainer,
-    TrainConfig,
-    examples_from_trajectory,
-)
+from tau2_rl_pipeline.local.trainer import LocalTrainer, TrainConfig, examples_from_trajectory
+from tau2_rl_pipeline.metrics import is_success
 from tau2_rl_pipeline.rollout.engines import SamplingParams, TransformersEngine
-from tau2_rl_pipeline.rollout.episode_loop import run_episode
+from tau2_rl_pipeline.rollout.episode_loop import ABORTED, run_episode
 from tau2_rl_pipeline.selection.difficulty import FilterStats, filter_tasks, pass_rates
 from tau2_rl_pipeline.slime_plugins.adapter import fill_sample
 
@@ -93,12 +94,14 @@ class GrpoSettings:
     wandb_project: str | None = None
     algorithm: str = "grpo"  # one of demo_report.ALGORITHMS: grpo (PPO-clip) or awsft (advantage-weighted SFT)
     task_ids: tuple[str, ...] | None = None  # the split's tasks to draw from (difficulty_task_ids); None = all
+    baselines: tuple[tuple[str, float], ...] = ()  # (task id, RFT-sampling pass rate): AWSFT's V* (difficulty_task_ids)
 
 
 def difficulty_task_ids(domain: str, split: str, rft_episodes: Path,
-                        cfg: Tau2Config) -> tuple[list[str], FilterStats]:
+                        cfg: Tau2Config) -> tuple[list[str], FilterStats, dict[str, float]]:
     """The split's task ids whose pass rate over the RFT stage's sampled episodes lies in the
-    TAU2_GRPO_{MIN,MAX}_PASS_RATE band (unsampled tasks kept), and the counts of what each bound dropped."""
+    TAU2_GRPO_{MIN,MAX}_PASS_RATE band (unsampled tasks kept), the counts of what each bound dropped, and each kept
+    sampled task's pass rate (AWSFT's baseline V*, learning/awsft.py)."""
     from eval.episodes_file import read_episodes
 
     rates = pass_rates(read_episodes(rft_episodes).values()) if rft_episodes.exists() else {}
@@ -106,7 +109,8 @@ def difficulty_task_ids(domain: str, split: str, rft_episodes: Path,
     if not kept:
         raise SystemExit(f"error: {stats.line()}: no task left for the policy stage; widen TAU2_GRPO_MIN_PASS_RATE / "
                          "TAU2_GRPO_MAX_PASS_RATE")
-    return [tid for _, tid in kept], stats
+    measured = {key[1]: rates[key][0] / rates[key][1] for key in kept if rates.get(key, (0, 0))[1]}
+    return [tid for _, tid in kept], stats, measured
 
 
 async def _rollouts(domain: str, engine, tokenizer, tasks, n: int, sampling: SamplingParams, cfg: Tau2Config,
@@ -133,6 +137,13 @@ def step_record(step: int, samples: list, raw: list[float], group_size: int, gro
             "success_rate": sum(r == 1.0 for r in raw) / len(raw),
             "groups": len(samples) // group_size, "groups_without_signal": groups_without_signal,
             "trained_sequences": trained_sequences}
+
+
+def step_behaviour(domain: str, trajs: list, tasks: list) -> dict[str, Any]:
+    """The behaviour monitors' rates (benchmark/monitors.py) over a step's scored episodes, `tasks` each one's."""
+    scored = [(t, task) for t, task in zip(trajs, tasks) if t.status != ABORTED]
+    return batch_monitors([monitors(domain, task, t.messages, t.termination_reason) for t, task in scored],
+                          [is_success(t.reward) for t, _ in scored])
 
 
 class GrpoProgress:
@@ -170,7 +181,7 @@ def grpo_stage(settings: GrpoSettings, start: Path, dest: Path, root: Path, cfg:
     trainer = LocalTrainer(start, TrainConfig(
         log_jsonl=log_jsonl, lr=s.lr, device=s.device, seed=s.seed, micro_batch_size=s.micro_batch_size,
         weight_decay=0.0, kl_coef=s.kl_coef, entropy_coef=s.entropy_coef, rollout_temperature=s.temperature,
-        wandb_project=s.wandb_project))  # the KL reference is `start`, also on resume
+        wandb_project=s.wandb_project, loss_reduction=cfg.loss_reduction))  # KL reference: `start`, also on resume
     progress = GrpoProgress(root)
     progress.clean()
     tracker = CurriculumTracker(cfg)
@@ -179,6 +190,7 @@ def grpo_stage(settings: GrpoSettings, start: Path, dest: Path, root: Path, cfg:
         tracker = CurriculumTracker.restore(cfg, _tracker_path(cfg, progress.step_dir()))
         report(f"{name}: resuming after step {progress.step} of {s.steps} (its weights, optimizer and curriculum)")
     engine = TransformersEngine(trainer.model, trainer.tokenizer, device=s.device)
+    baselines = dict(s.baselines)
     wanted = None if s.task_ids is None else set(s.task_ids)
     tasks = {t.id: t for t in load_tasks(s.domain, s.split) if wanted is None or t.id in wanted}
     keys = [f"{s.domain}/{tid}" for tid in tasks]
@@ -191,21 +203,26 @@ def grpo_stage(settings: GrpoSettings, start: Path, dest: Path, root: Path, cfg:
         chosen = tracker.draw(keys, k, rng) if cfg.task_sampler == "learning_value" else rng.sample(keys, k)
         trainer.model.eval()
         t0 = time.perf_counter()
-        trajs = asyncio.run(_rollouts(s.domain, engine, trainer.tokenizer, [tasks[c.split("/", 1)[1]] for c in chosen],
-                                      s.n, sampling, cfg, s.seed * 1000 + (step - 1) * 100))
+        drawn = [tasks[c.split("/", 1)[1]] for c in chosen]
+        trajs = asyncio.run(_rollouts(s.domain, engine, trainer.tokenizer, drawn, s.n, sampling, cfg,
+                                      s.seed * 1000 + (step - 1) * 100))
         rollout_s = time.perf_counter() - t0
-        samples = [fill_sample(LocalSample(), t, cfg, trainer.tokenizer) for t in trajs]
+        # as slime's samples, each carries its task's V* from the difficulty stage (the task-index row's metadata)
+        samples = [fill_sample(LocalSample(metadata=_baseline(baselines, t.task_id)), t, cfg, trainer.tokenizer)
+                   for t in trajs]
         zero_before = tracker.zero_signal_groups
-        raw, advantages = post_process(samples, s.n, cfg, tracker)
-        # GRPO: a zero advantage adds nothing but tokens to the mean. AWSFT trains on every kept sample, as slime
-        # does (weight 1 at advantage 0); TAU2_FILTER_ZERO_STD removes equal-reward groups on both paths.
-        examples = [examples_from_trajectory(t.prompt_ids, t.response_ids, t.loss_mask, t.rollout_logprobs, a)
-                    for t, smp, a in zip(trajs, samples, advantages)
-                    if not smp.remove_sample and (a != 0.0 or name == "awsft")]
+        raw, signal = post_process(samples, s.n, cfg, tracker, name)  # advantages, or AWSFT's weights
+        # Every kept sample is trained, as slime trains every sample of its batch: a zero GRPO advantage still
+        # counts in the per-sample mean and carries the KL and entropy terms. TAU2_FILTER_ZERO_STD removes
+        # equal-reward groups on both paths.
+        examples = [examples_from_trajectory(t.prompt_ids, t.response_ids, t.loss_mask, t.rollout_logprobs,
+                                             0.0 if name == "awsft" else a, weight=a if name == "awsft" else 1.0)
+                    for t, smp, a in zip(trajs, samples, signal) if not smp.remove_sample]
         record = {**step_record(step, samples, raw, s.n, tracker.zero_signal_groups - zero_before, len(examples)),
                   "rollout_s": rollout_s, "aborted": sum(smp.status.name == "ABORTED" for smp in samples),
-                  "judge_calls": sum(t.judge_calls for t in trajs)}
-        if examples:  # GRPO: every group all-equal (all solved or all failed) leaves nothing to learn from
+                  "judge_calls": sum(t.judge_calls for t in trajs),
+                  "behaviour": step_behaviour(s.domain, trajs, [task for task in drawn for _ in range(s.n)])}
+        if any(e.num_targets for e in examples):  # nothing sampled (every episode aborted): no step
             trainer.model.train()
             update = trainer.awsft_step(examples) if name == "awsft" else trainer.grpo_step(examples)
             record.update({f"train_{key}": v for key, v in update.items() if isinstance(v, (int, float))})
@@ -220,6 +237,10 @@ def grpo_stage(settings: GrpoSettings, start: Path, dest: Path, root: Path, cfg:
         trainer.save(dest)
     trainer.close()
     return history
+
+
+def _baseline(baselines: dict[str, float], task_id: str) -> dict:
+    return {BASELINE_KEY: baselines[task_id]} if task_id in baselines else {}
 
 
 def _save_step(trainer: LocalTrainer, step_dir: Path, tracker: CurriculumTracker, cfg: Tau2Config) -> None:

@@ -32,12 +32,7 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 
 from tau2_rl_pipeline.benchmark import judge
-from tau2_rl_pipeline.benchmark.tasks import (
-    DOMAINS,
-    TaskLookupError,
-    check_split,
-    load_tasks,
-)
+from tau2_rl_pipeline.benchmark.tasks import DOMAINS, TaskLookupError, check_split, load_tasks
 from tau2_rl_pipeline.benchmark.tau2_version import (
     BenchmarkMismatch,
     RetrievalVariantError,
@@ -45,19 +40,15 @@ from tau2_rl_pipeline.benchmark.tau2_version import (
     check_retrieval_variant,
     needs_judge,
 )
-from tau2_rl_pipeline.config import (
-    ConfigError,
-    Tau2Config,
-    add_config_args,
-    command_parser,
-    config_from_args,
-)
+from tau2_rl_pipeline.config import ConfigError, Tau2Config, add_config_args, command_parser, config_from_args
 from tau2_rl_pipeline.files import atomic_write_bytes
 from tau2_rl_pipeline.local.demo_report import (
     ALGORITHMS,
     grpo_summary,
     print_stage_table,
+    stage_comparisons,
     stage_numbers,
+    stage_verdicts,
     summary_lines,
     write_charts,
 )
@@ -70,9 +61,10 @@ DEMO_MAX_TURNS = 8  # unless --max-turns or TAU2_MAX_TURNS say otherwise: mock t
 DEMO_TASK_SAMPLER = "learning_value"  # unless --task-sampler or TAU2_TASK_SAMPLER say otherwise (see main)
 # Config fields that change how fast episodes run, or the LLM user the scripted user replaces, never an outcome.
 NOT_OUTCOME = {"episode_workers", "fast_env", "user_model", "user_api_base", "user_temperature", "user_max_retries",
-               "user_timeout_s", "user_strategy", "user_strategy_max_checks", "curriculum_state_path"}
+               "user_timeout_s", "user_strategy", "user_strategy_max_checks", "curriculum_state_path",
+               "slime_gc_policy"}
 # Config fields only the policy stage reads (its task band, the judge reward): they redo it, not RFT or evaluations.
-POLICY_ONLY = {"grpo_min_pass_rate", "grpo_max_pass_rate", "use_judge", "judge_weight"}
+POLICY_ONLY = {"grpo_min_pass_rate", "grpo_max_pass_rate", "use_judge", "judge_weight", "loss_reduction"}
 console = Console(stderr=True)
 
 
@@ -96,11 +88,7 @@ def prepare_model(args, out: Path) -> Path:
         return Path(args.model)
     from transformers import AutoTokenizer
 
-    from tau2_rl_pipeline.testing.tiny_model import (
-        build_tiny_qwen3,
-        domain_corpus,
-        train_small_tokenizer,
-    )
+    from tau2_rl_pipeline.testing.tiny_model import build_tiny_qwen3, domain_corpus, train_small_tokenizer
 
     if args.tokenizer:
         tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
@@ -282,7 +270,7 @@ def run_stages(args, cfg: Tau2Config, split: str, eval_split: str, benchmark: di
     """Every stage in order, each skipped, resumed or redone as its record says; returns the report. Outputs of
     another tau2 version or task set are refused (BenchmarkMismatch) before anything is written."""
     # The training stack (torch, tau2's orchestrator, litellm) loads here, not at import: --help answers at once.
-    from tau2_rl_pipeline.learning.sft_data import oracle_demonstrations
+    from tau2_rl_pipeline.learning.oracle_demos import oracle_demonstrations
     from tau2_rl_pipeline.local.grpo import GrpoSettings, difficulty_task_ids, grpo_stage
 
     out = args.out
@@ -336,14 +324,14 @@ def run_stages(args, cfg: Tau2Config, split: str, eval_split: str, benchmark: di
     def policy_work(algorithm: str) -> dict:
         console.rule(algorithm.upper())
         rft_episodes = eval_output(out, "rft_samples").with_suffix(".json.episodes.jsonl")
-        task_ids, band = difficulty_task_ids(args.domain, split, rft_episodes, cfg)
+        task_ids, band, baselines = difficulty_task_ids(args.domain, split, rft_episodes, cfg)
         say(f"{algorithm}: {band.line()}")
         history = grpo_stage(GrpoSettings(
             domain=args.domain, split=split, steps=args.grpo_steps, tasks_per_step=args.grpo_tasks_per_step,
             n=args.grpo_n, lr=args.grpo_lr, temperature=args.grpo_temperature, max_new_tokens=args.max_new_tokens,
             kl_coef=args.kl_coef, entropy_coef=args.entropy_coef, micro_batch_size=args.micro_batch_size,
             seed=args.seed, device=args.device, wandb_project=args.wandb_project, algorithm=algorithm,
-            task_ids=tuple(task_ids)),
+            task_ids=tuple(task_ids), baselines=tuple(sorted(baselines.items()))),
             checkpoints["rft"], checkpoints[algorithm], out / algorithm, cfg, out / "metrics.jsonl", say)
         return {**grpo_summary(history), "grpo_tasks": asdict(band)}
 
@@ -390,6 +378,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         report = run_stages(args, cfg, split, eval_split, benchmark)
         report["benchmark"] = benchmark
+        report["comparisons"] = stage_comparisons(args.out / "eval", list(report["stages"]))
         report["charts"] = [str(p) for p in write_charts(report, args.out)]
         atomic_write_bytes(report_path, json.dumps(report, indent=1).encode())
     except (StaleOutputError, BenchmarkMismatch) as e:  # outputs of something else, or graded by another tau2
@@ -410,6 +399,7 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     print_stage_table(report)
     print("\n".join(summary_lines(report)))
+    print("\n".join(stage_verdicts(report)))
     print(f"report {report_path}\ncharts {', '.join(report['charts'])}")
     return 0
 

@@ -4,12 +4,14 @@
     trainer.sft([sft_example_from_chat(tokenizer, chat, tools) for chat, tools in demos])
     trainer.grpo_step([examples_from_trajectory(t.prompt_ids, t.response_ids, t.loss_mask, t.rollout_logprobs, a)
                        for t, a in zip(trajectories, advantages)])
-    trainer.awsft_step(same_examples)  # or: advantage-weighted SFT on the same rollout batch (losses.awsft_loss)
+    trainer.awsft_step(examples_with_weights)  # or: advantage-weighted SFT (learning/awsft.py's weights)
     trainer.save("out/step_1")  # a HF model directory: AutoModelForCausalLM / TransformersEngine.from_pretrained
 
-The loss definitions are slime's (see losses.py for which slime function each one follows). One optimizer step
-normalizes by the mask-1 token count of all its micro-batches (slime's --calculate-per-token-loss), so splitting
-a step into more, smaller micro-batches changes memory use, not the update. Weights stay float32 and `dtype`
+The loss definitions are slime's (see losses.py for which slime function each one follows). An SFT step
+normalizes by the mask-1 token count of all its micro-batches (slime's --calculate-per-token-loss, as slime's SFT
+runs); a GRPO or AWSFT step as `loss_reduction` says (TAU2_LOSS_REDUCTION; default slime's per-sample mean over
+the step's samples). Every micro-batch gets the step's totals, so splitting a step into more, smaller
+micro-batches changes memory use, not the update. Weights stay float32 and `dtype`
 only sets the autocast compute dtype, so bf16 on a GPU does not round the optimizer's updates away.
 Every optimizer step writes one JSON line to `log_jsonl`, and to wandb when `wandb_project` is set.
 """
@@ -17,6 +19,7 @@ Every optimizer step writes one JSON line to `log_jsonl`, and to wandb when `wan
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
 import json
 import math
@@ -35,6 +38,7 @@ import torch
 
 from tau2_rl_pipeline.files import staging_dir
 from tau2_rl_pipeline.learning.losses import (
+    REDUCTIONS,
     gather_logprobs,
     grpo_loss,
     local_awsft_loss,
@@ -52,6 +56,7 @@ class TrainExample:
     input_ids: list[int]
     loss_mask: list[int]  # 1 = a target token (the policy's own), 0 = context (prompt, observations)
     advantage: float = 0.0  # GRPO: the sequence's advantage, applied to each of its mask-1 tokens
+    weight: float = 1.0  # AWSFT: the sequence's weight (learning/awsft.py), applied to each of its mask-1 tokens
     old_logprobs: list[float] | None = None  # GRPO: rollout log-probs (0 where mask 0); None = on-policy
 
     def __post_init__(self) -> None:
@@ -68,6 +73,8 @@ class TrainExample:
             raise ValueError(f"old_logprobs has {len(self.old_logprobs)} entries for {n} input ids")
         if not math.isfinite(self.advantage):
             raise ValueError(f"advantage must be finite, got {self.advantage}")
+        if not (math.isfinite(self.weight) and self.weight >= 0):
+            raise ValueError(f"weight must be a finite number >= 0, got {self.weight}")
 
     @property
     def num_targets(self) -> int:
@@ -75,7 +82,8 @@ class TrainExample:
 
 
 def examples_from_trajectory(prompt_ids: Sequence[int], response_ids: Sequence[int], loss_mask: Sequence[int],
-                             rollout_logprobs: Sequence[float] | None, advantage: float) -> TrainExample:
+                             rollout_logprobs: Sequence[float] | None, advantage: float,
+                             weight: float = 1.0) -> TrainExample:
     """A rollout's books (slime's Sample layout: mask and log-probs cover the response only) as one example."""
     if len(loss_mask) != len(response_ids):
         raise ValueError(f"loss_mask has {len(loss_mask)} entries for {len(response_ids)} response ids")
@@ -84,6 +92,7 @@ def examples_from_trajectory(prompt_ids: Sequence[int], response_ids: Sequence[i
     pad = [0] * len(prompt_ids)
     return TrainExample(
         input_ids=list(prompt_ids) + list(response_ids), loss_mask=pad + list(loss_mask), advantage=float(advantage),
+        weight=float(weight),
         old_logprobs=None if rollout_logprobs is None else [0.0] * len(pad) + [float(x) for x in rollout_logprobs])
 
 
@@ -102,9 +111,7 @@ def sft_example_from_chat(tokenizer: Any, chat: list[dict], tools: list[dict] | 
     assistant message with `"step_loss_mask": 0` (slime's per-message switch; sft_data marks the fixed greeting
     and rejected completions so) stays in the context and is not a target.
     """
-    from tau2_rl_pipeline.benchmark.prompting import (
-        render,  # imports tau2 and litellm (seconds): only this needs them
-    )
+    from tau2_rl_pipeline.benchmark.prompting import render  # imports tau2 and litellm (seconds): only this needs them
 
     end = tokenizer.eos_token
     if not end:
@@ -153,6 +160,7 @@ class TrainConfig:
     kl_coef: float = 0.0  # GRPO and AWSFT: > 0 keeps a frozen copy of the starting model, adds kl_coef * low_var_kl
     entropy_coef: float = 0.0  # loss -= entropy_coef * mean entropy
     rollout_temperature: float = 1.0  # GRPO: logits / T, to score tokens under the distribution they came from
+    loss_reduction: str = "sample_mean"  # GRPO and AWSFT: sample_mean (slime's default) or token_mean (losses.py)
     device: str = "cpu"
     dtype: str = "float32"  # autocast compute dtype: float32 or bfloat16
     seed: int = 0  # torch RNG and example shuffling
@@ -173,6 +181,8 @@ class TrainConfig:
             (self.kl_coef >= 0, f"kl_coef must be >= 0, got {self.kl_coef}"),
             (math.isfinite(self.entropy_coef), f"entropy_coef must be finite, got {self.entropy_coef}"),
             (self.rollout_temperature > 0, f"rollout_temperature must be > 0, got {self.rollout_temperature}"),
+            (self.loss_reduction in REDUCTIONS,
+             f"loss_reduction must be one of {', '.join(REDUCTIONS)}, got {self.loss_reduction!r}"),
             (self.dtype in DTYPES, f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}"),
             (bool(str(self.log_jsonl)), "log_jsonl must be a file path"),
         ]
@@ -200,6 +210,7 @@ class _Batch:
     old_logprobs: torch.Tensor
     has_old: torch.Tensor  # [batch, 1] bool: rows without rollout log-probs are scored on-policy
     advantages: torch.Tensor  # [batch, 1]
+    weights: torch.Tensor  # [batch, 1]
 
 
 def _collate(examples: Sequence[TrainExample], pad_id: int, device: torch.device) -> _Batch:
@@ -216,7 +227,8 @@ def _collate(examples: Sequence[TrainExample], pad_id: int, device: torch.device
         loss_mask=rows(lambda e: list(e.loss_mask), 0, torch.float32),
         old_logprobs=rows(lambda e: list(e.old_logprobs or [0.0] * len(e.input_ids)), 0.0, torch.float32),
         has_old=torch.tensor([[e.old_logprobs is not None] for e in examples], device=device),
-        advantages=torch.tensor([[e.advantage] for e in examples], dtype=torch.float32, device=device))
+        advantages=torch.tensor([[e.advantage] for e in examples], dtype=torch.float32, device=device),
+        weights=torch.tensor([[e.weight] for e in examples], dtype=torch.float32, device=device))
 
 
 def _chunks(items: Sequence[Any], size: int) -> list[Sequence[Any]]:
@@ -228,13 +240,7 @@ def _progress(description: str, total: int, done: int = 0) -> Iterator[Callable[
     """A rich progress bar on a terminal; yields advance(status). Nests under a caller's own bar (rich >= 14).
     When stderr is not a terminal (a log file, CI) a bar shows nothing until it ends: one line per step instead."""
     from rich.console import Console
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-    )
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     if not Console(stderr=True).is_terminal:
         t0 = time.perf_counter()
@@ -436,14 +442,16 @@ class LocalTrainer:
                     "shuffle_at_epoch_start": shuffle_state, "step": self.step, "epoch": epoch, "index": index}, tmp)
         os.replace(tmp, path)
 
-    def _grpo_micro_loss(self, batch: _Batch, num_tokens: int) -> tuple[torch.Tensor, dict[str, float]]:
+    def _grpo_micro_loss(self, batch: _Batch, num_tokens: int, *, num_samples: int
+                         ) -> tuple[torch.Tensor, dict[str, float]]:
         cfg = self.cfg
         logprobs, entropy = self._logprobs(self.model, batch, temperature=cfg.rollout_temperature,
                                            with_entropy=True)
         old = torch.where(batch.has_old, batch.old_logprobs, logprobs.detach())
         ref = self._reference_logprobs(batch, cfg.rollout_temperature)
         return grpo_loss(logprobs, old, batch.advantages, batch.loss_mask, eps_clip=cfg.eps_clip,
-                         eps_clip_high=cfg.eps_clip_high, num_tokens=num_tokens,
+                         eps_clip_high=cfg.eps_clip_high, reduction=cfg.loss_reduction, num_tokens=num_tokens,
+                         num_samples=num_samples,
                          entropy=entropy if cfg.entropy_coef else entropy.detach(), entropy_coef=cfg.entropy_coef,
                          ref_logprobs=ref, kl_coef=cfg.kl_coef)
 
@@ -453,11 +461,13 @@ class LocalTrainer:
         with torch.no_grad():
             return self._logprobs(self.reference, batch, temperature=temperature)[0]
 
-    def _awsft_micro_loss(self, batch: _Batch, num_tokens: int) -> tuple[torch.Tensor, dict[str, float]]:
+    def _awsft_micro_loss(self, batch: _Batch, num_tokens: int, *, num_samples: int
+                          ) -> tuple[torch.Tensor, dict[str, float]]:
         # Scored at the rollout temperature, as slime scores every loss (and its reference log-probs).
         temperature = self.cfg.rollout_temperature
         logprobs = self._logprobs(self.model, batch, temperature=temperature)[0]
-        return local_awsft_loss(logprobs, batch.advantages, batch.loss_mask, num_tokens=num_tokens,
+        return local_awsft_loss(logprobs, batch.weights, batch.loss_mask, reduction=self.cfg.loss_reduction,
+                                num_tokens=num_tokens, num_samples=num_samples,
                                 ref_logprobs=self._reference_logprobs(batch, temperature), kl_coef=self.cfg.kl_coef)
 
     def grpo_step(self, examples: Sequence[TrainExample]) -> dict[str, Any]:
@@ -466,14 +476,17 @@ class LocalTrainer:
         return self._policy_step("grpo", examples, self._grpo_micro_loss)
 
     def awsft_step(self, examples: Sequence[TrainExample]) -> dict[str, Any]:
-        """One advantage-weighted SFT step on a rollout batch: each example's NLL weighted by
-        losses.awsft_weights(its advantage), plus kl_coef * low_var_kl to the starting model. old_logprobs are
-        not used (no importance ratio: the stability of SFT)."""
+        """One advantage-weighted SFT step on a rollout batch: each example's NLL weighted by its `weight` (the
+        recipe's, learning/awsft.py), plus kl_coef * low_var_kl to the starting model. old_logprobs are not used
+        (no importance ratio: the stability of SFT)."""
         return self._policy_step("awsft", examples, self._awsft_micro_loss)
 
     def _policy_step(self, stage: str, examples: Sequence[TrainExample], micro_loss: Callable) -> dict[str, Any]:
+        """One step reduced as TrainConfig.loss_reduction says, over the step's tokens or its samples (every
+        micro-batch gets the step's totals, so splitting changes memory use, not the update)."""
         if not examples:
             raise ValueError(f"{stage}_step needs at least one example")
+        micro_loss = functools.partial(micro_loss, num_samples=len(examples))
         with _progress(f"{stage} step {self.step + 1}", math.ceil(len(examples) / self.cfg.micro_batch_size)) as advance:
             record = {"stage": stage, **self._optimizer_step(examples, micro_loss, advance),
                       "advantage_mean": sum(e.advantage for e in examples) / len(examples)}

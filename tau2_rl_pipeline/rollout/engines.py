@@ -16,14 +16,15 @@ import asyncio
 import base64
 import json
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 import aiohttp
 
-from tau2_rl_pipeline.http_post import RequestFailed, RetryingPost, backoff_delay  # noqa: F401 (re-exported)
+from tau2_rl_pipeline.http_post import (RequestFailed, RetryingPost, backoff_delay,  # noqa: F401 (re-exported)
+                                        split_urls)
 from tau2_rl_pipeline.rollout.tokens import TopPSpans
 
 if TYPE_CHECKING:  # torch is an optional dependency (extra "local"): SGLangEngine users need not install it
@@ -65,13 +66,18 @@ class SamplingParams:
 class GenerateResult:
     """Sampled ids (a stop token stays included), the log-prob of each, and why sampling ended; what the server
     said of the request (`meta`: prompt_tokens, cached_tokens, weight_version) and, when asked for, the top-p
-    nucleus of each sampled token."""
+    nucleus of each sampled token.
+
+    An `abort` comes two ways: the server was told to stop (SGLang's `/abort_request`, or `/pause_generation` when
+    the trainer updates the weights; no error status), or it gave the request up with an error (SGLang's abort
+    carries a `status_code` then): `abort_error` holds that error's message, None for a stop."""
 
     output_ids: list[int]
     output_logprobs: list[float]
     finish_reason: str  # "stop" | "length" | "abort"
     meta: dict[str, Any] = field(default_factory=dict)
     top_p: TopPSpans | None = None
+    abort_error: str | None = None
 
 
 class EngineError(RuntimeError):
@@ -162,7 +168,11 @@ def parse_generate_response(body: Any) -> GenerateResult:
         ids.append(entry[1])
     top_p = _top_p_spans(meta, len(ids))
     kept = {k: meta[k] for k in META_KEPT if k in meta}
-    return GenerateResult(output_ids=ids, output_logprobs=logprobs, finish_reason=kind, meta=kept, top_p=top_p)
+    abort_error = None
+    if kind == "abort" and finish.get("status_code") is not None:
+        abort_error = f"HTTP {finish['status_code']}: {finish.get('message') or 'aborted'}"
+    return GenerateResult(output_ids=ids, output_logprobs=logprobs, finish_reason=kind, meta=kept, top_p=top_p,
+                          abort_error=abort_error)
 
 
 META_KEPT = ("prompt_tokens", "cached_tokens", "weight_version")  # what slime reads of meta_info, top-p aside
@@ -202,7 +212,8 @@ def _top_p_spans(meta: dict[str, Any], n_tokens: int) -> TopPSpans | None:
 
 
 class SGLangEngine:
-    """Client of an SGLang server or router's native `/generate`.
+    """Client of an SGLang server or router's native `/generate`, or of several servers (a list, or their URLs
+    comma-separated: each request goes to the one with the fewest in flight, `http_post.RetryingPost`).
 
     Transient failures (connection errors, timeouts, 5xx, malformed bodies) are retried with exponential backoff;
     a refused request (4xx) is not, since sending it again cannot help. At most `max_in_flight` requests are open
@@ -212,13 +223,14 @@ class SGLangEngine:
     `http_post.RetryingPost`'s, shared with the user simulator's client; `aclose()` on the loop that used it.
     """
 
-    def __init__(self, base_url: str, *, timeout_s: float = 120.0, max_retries: int = 4,
+    def __init__(self, base_url: str | Sequence[str], *, timeout_s: float = 120.0, max_retries: int = 4,
                  backoff_base_s: float = 0.5, backoff_max_s: float = 8.0, max_in_flight: int = 256,
                  session: aiohttp.ClientSession | None = None) -> None:
-        self.url = base_url.rstrip("/") + "/generate"
-        self._http = RetryingPost(self.url, name="SGLang /generate", timeout_s=timeout_s, max_retries=max_retries,
+        urls = [url.rstrip("/") + "/generate" for url in split_urls(base_url)]
+        self._http = RetryingPost(urls, name="SGLang /generate", timeout_s=timeout_s, max_retries=max_retries,
                                   backoff_base_s=backoff_base_s, backoff_max_s=backoff_max_s,
                                   max_in_flight=max_in_flight, session=session)
+        self.url = self._http.url
         self.timeout_s, self.max_retries, self.max_in_flight = timeout_s, max_retries, max_in_flight
 
     @classmethod

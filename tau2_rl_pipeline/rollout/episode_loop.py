@@ -17,9 +17,12 @@ hand-offs that otherwise stall the loop (bench/README.md, P2 and P5); auto (-1, 
 user turn blocks and fast_env is on. An asynchronous user (user_client.py) has its turns run on the loop whatever
 `episode_workers` says: its model call is awaited there, not blocked on.
 
-An episode stopped by its caller (slime's end-of-rollout abort) returns its live state with the trajectory
-(`Trajectory.live`): handed back as `resume=`, the same episode goes on from where it was cut (a turn the abort cut
-mid-way is continued from its last sampled token), its earlier tokens, log-probs and per-request meta kept.
+An episode stopped by its caller (slime's end-of-rollout abort), or whose request the engine aborted because it
+was told to stop (`engine_abort`: slime's `/abort_request`, or the `/pause_generation` of a weight update), returns
+its live state with the trajectory (`Trajectory.live`): handed back as `resume=`, the same episode goes on from
+where it was cut (a turn the abort cut mid-way is continued from its last sampled token), its earlier tokens,
+log-probs and per-request meta kept. An abort the engine reports with an error is an engine failure
+(`engine_error`), like a request that failed after its retries.
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ from tau2_rl_pipeline.rollout.tokens import ObservationTemplate, TokenBuffer, To
 
 COMPLETED, TRUNCATED, ABORTED = "completed", "truncated", "aborted"
 ROLLOUT_STOPPED = "rollout_stopped"  # termination reason of an episode ended by its caller's stop_requested()
+ENGINE_ABORT = "engine_abort"  # the engine aborted a request because it was told to (no error): resumable
 
 
 @dataclass
@@ -77,6 +81,7 @@ class Trajectory:
     user_tool_calls_by_agent: int = 0
     refused_call_ids: list[str] = field(default_factory=list)  # never executed: left out of tau2's replay
     turn_meta: list[dict] = field(default_factory=list)  # per policy turn: prompt_tokens, cached_tokens, weight_version
+    turn_spans: list[tuple[int, int]] = field(default_factory=list)  # per request: its tokens in response_ids
     top_p: TopPSpans | None = None  # each response token's top-p nucleus, when the engine was asked for it
     judge_score: float | None = None  # an LLM judge's rubric score in [0, 1] (TAU2_USE_JUDGE), else None
     judge_calls: int = 0  # rubric-judge requests made for this episode, retries included (TAU2_USE_JUDGE)
@@ -194,6 +199,7 @@ class LiveEpisode:
     asynchronous: bool  # the user's turns are awaited on the loop (user_client.py)
     turns: int = 0
     turn_meta: list[dict] = field(default_factory=list)
+    turn_spans: list[tuple[int, int]] = field(default_factory=list)  # [start, end) of each request's sampled ids
     clock: _Clock = field(default_factory=_Clock)
     open_turn: list[int] | None = None  # ids of a turn the abort cut mid-way (maybe none yet): continued on resume
     resumes: int = 0
@@ -290,11 +296,17 @@ async def run_episode(
             clock.add("generate_s", time.perf_counter() - t0)
             live.turns += cut is None
             live.turn_meta.append(result.meta)
+            start = len(buf.response_ids)
             buf.add_policy(result.output_ids, result.output_logprobs, result.top_p)
+            live.turn_spans.append((start, len(buf.response_ids)))
             turn_ids, live.open_turn = [*(cut or ()), *result.output_ids], None
             if result.finish_reason == "abort":
+                if result.abort_error is not None:  # the engine gave the request up: a failure, not a stop
+                    status, reason, error = ABORTED, "engine_error", f"the engine aborted the request: " \
+                                                                     f"{result.abort_error}"
+                    break
                 live.open_turn = turn_ids
-                status, reason, error = ABORTED, "engine_abort", "the engine aborted the request"
+                status, reason, error = ABORTED, ENGINE_ABORT, "the engine aborted the request (told to stop)"
                 break
             if result.finish_reason == "length":
                 status, reason = TRUNCATED, ("max_new_tokens" if len(buf) < cfg.max_context_len else "max_context_len")
@@ -307,7 +319,7 @@ async def run_episode(
             closing = [] if turn_ids[-1:] == [template.end_of_turn_id] else [template.end_of_turn_id]
             buf.add_observation(closing + template.delta_ids(to_agent_chat(step.observations)))
     except EngineError as e:
-        status, reason, error = ABORTED, "engine_error", f"{e} (after {e.attempts} attempts)"
+        status, reason, error = ABORTED, "engine_error", str(e)  # the engine's message counts its attempts
     except UserSideError as e:
         status, reason, error = ABORTED, "user_simulator_error", str(e)
 
@@ -350,10 +362,11 @@ async def run_episode(
         user_tool_calls_by_agent=episode.user_tool_calls_by_agent,
         refused_call_ids=sorted(episode.refused_call_ids),
         turn_meta=list(live.turn_meta),
+        turn_spans=list(live.turn_spans),
         top_p=top_p,
         judge=judge_usage.to_dict(),
         resumes=live.resumes,
-        live=live if reason in (ROLLOUT_STOPPED, "engine_abort") else None,
+        live=live if reason in (ROLLOUT_STOPPED, ENGINE_ABORT) else None,
     )
 
 

@@ -1,5 +1,7 @@
-"""The cyclic garbage collector's policy in a rollout process; every rollout driver calls `settle()` once set up
-(eval_passk and each of its `--procs` shards before their episodes, the slime adapter at its first episode).
+"""The cyclic garbage collector's policy in a rollout process the project owns: its own CLIs (eval_passk's `main`
+runs its rollout inside `settled()`, undone on leaving) and each of eval_passk's `--procs` shards (`settle()`, a
+process of its own). Inside slime's rollout actor, a process slime owns, it is opt-in (TAU2_SLIME_GC_POLICY, off by
+default: the slime adapter then leaves slime's collector as it is).
 
 A full (generation-2) GC pass holds the GIL and walks every tracked object not frozen, so it stalls the event
 loop for as long as it takes. Measured (bench/README.md, P2 and P5; 1024 mock episodes, 256 in flight, 1 s per
@@ -34,7 +36,9 @@ FULL_PASS_EVERY = 1000  # generation-1 passes between two full passes (CPython's
 
 def settle() -> None:
     """For the rest of the process: what is loaded now lives as long as it (collected once, then frozen), and
-    full passes come every `FULL_PASS_EVERY` generation-1 passes."""
+    full passes come every `FULL_PASS_EVERY` generation-1 passes. Never undone: a cycle alive now and dropped later
+    is never collected, so only a process that owns its heap calls it, once set up (an eval shard; slime's rollout
+    actor only with TAU2_SLIME_GC_POLICY=1)."""
     gc.collect()
     gc.freeze()
     young, middle, _ = gc.get_threshold()
@@ -43,11 +47,20 @@ def settle() -> None:
 
 @contextlib.contextmanager
 def settled() -> Iterator[None]:
-    """`settle()` for the length of a rollout inside a process that goes on afterwards (eval_passk's `main`,
-    called in-process by tests and scripts): the thresholds are put back on leaving; what was frozen stays so."""
+    """The policy for the length of a rollout inside a process that goes on afterwards (eval_passk's `main`, called
+    in-process by tests, scripts and notebooks), undone completely on leaving: the thresholds are put back and what
+    the block froze is unfrozen, so a cyclic object alive at its start and dropped after it is collected as before.
+    `gc.unfreeze()` cannot tell one freeze from another, so the block freezes only when nothing is frozen yet (a
+    caller's own freeze is left as it was, and the block then only changes the thresholds)."""
     before = gc.get_threshold()
-    settle()
+    froze = gc.get_freeze_count() == 0
+    if froze:
+        gc.collect()
+        gc.freeze()
+    gc.set_threshold(before[0], before[1], FULL_PASS_EVERY)
     try:
         yield
     finally:
+        if froze:
+            gc.unfreeze()
         gc.set_threshold(*before)

@@ -8,7 +8,9 @@ GRPO groups with equal rewards and no signal, and one it never solves gives none
 tau2 result (Qwen3-8B, SFT -> RFT -> GRPO) drops the nearly always solved tasks this way. The band is
 [TAU2_GRPO_MIN_PASS_RATE, TAU2_GRPO_MAX_PASS_RATE], both inclusive; the defaults [0, 1] keep every task.
 A task's pass rate is tau2's success rule over its scored episodes (aborted ones are infrastructure failures and
-do not count); a task with no scored episode is kept and counted as unsampled. Pure selection, then a small CLI.
+do not count); a task with no scored episode is kept and counted as unsampled. Each kept row of a sampled task
+records its pass rate (metadata "reference_pass_rate"): AWSFT's baseline V* (learning/awsft.py), measured with the
+policy the RFT stage sampled with. Pure selection, then a small CLI.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from pathlib import Path
 
 from tau2_rl_pipeline.config import Tau2Config, add_config_args, config_from_args
 from tau2_rl_pipeline.files import atomic_write_bytes
+from tau2_rl_pipeline.learning.awsft import BASELINE_KEY
 from tau2_rl_pipeline.metrics import is_success
 
 TaskKey = tuple[str, str]  # (domain, task_id): ids repeat across domains
@@ -78,11 +81,22 @@ def filter_tasks(keys: Sequence[TaskKey], rates: dict[TaskKey, tuple[int, int]],
 
 def filter_task_rows(rows: Sequence[dict], records: Iterable[dict],
                      cfg: Tau2Config) -> tuple[list[dict], FilterStats]:
-    """Task-index rows (tasks.task_rows) filtered by the pass rates in `records`."""
+    """Task-index rows (tasks.task_rows) filtered by the pass rates in `records`; each kept row of a sampled task
+    carries its pass rate as metadata["reference_pass_rate"]: the AWSFT baseline V* (learning/awsft.py), which
+    slime copies from the row onto every sample of the task (an unsampled task's row gets none)."""
     keys = [(r["metadata"]["domain"], str(r["metadata"]["task_id"])) for r in rows]
-    kept, stats = filter_tasks(keys, pass_rates(records), cfg)
+    rates = pass_rates(records)
+    kept, stats = filter_tasks(keys, rates, cfg)
     wanted = set(kept)
-    return [r for r, key in zip(rows, keys) if key in wanted], stats
+    return [with_reference_pass_rate(r, rates.get(key)) for r, key in zip(rows, keys) if key in wanted], stats
+
+
+def with_reference_pass_rate(row: dict, rate: tuple[int, int] | None) -> dict:
+    """The row with metadata["reference_pass_rate"] = successes / scored episodes (left out when none was scored)."""
+    metadata = {k: v for k, v in row["metadata"].items() if k != BASELINE_KEY}
+    if rate is not None and rate[1]:
+        metadata[BASELINE_KEY] = rate[0] / rate[1]
+    return {**row, "metadata": metadata}
 
 
 class NothingLeftError(ValueError):

@@ -11,7 +11,7 @@ define (--hf-checkpoint, --backend, --user, --top-p, TAU2_* settings, ...) are p
 file (<out>.eval.json.episodes.jsonl) is resumable. Selection per task follows the original cookbook: every
 successful episode (tau2's rule: reward within 1e-6 of 1); for a task with none, its best completed episode by
 partial score when that is at least --min-partial (--no-partial turns this off). A row is the episode's exact
-conversation as the policy saw it (see sft_data.sft_chat); identical conversations are kept once, also across the
+conversation as the policy saw it (see sft_rows.sft_chat); identical conversations are kept once, also across the
 merge with the seed rows.
 """
 
@@ -27,15 +27,8 @@ from pathlib import Path
 from tau2.data_model.message import AssistantMessage, Message, ToolMessage, UserMessage
 
 from tau2_rl_pipeline.benchmark.tasks import write_jsonl
-from tau2_rl_pipeline.learning.sft_data import (
-    RowError,
-    SeedDataError,
-    conversation_key,
-    normalize_row,
-    read_rows,
-    sft_chat,
-    sft_row,
-)
+from tau2_rl_pipeline.learning.seed_data import RowError, SeedDataError, normalize_row, read_rows
+from tau2_rl_pipeline.learning.sft_rows import conversation_key, sft_chat, sft_row
 from tau2_rl_pipeline.metrics import is_success
 
 MIN_PARTIAL = 0.6
@@ -173,11 +166,7 @@ def print_table(stats: dict[str, dict[str, int]], title: str) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from eval.episodes_file import (
-        EpisodesFileError,
-        check_graded_by_installed_tau2,
-        read_episodes,
-    )
+    from eval.episodes_file import EpisodesFileError, check_graded_by_installed_tau2, read_episodes
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False,
                                      epilog="Other options go to eval/eval_passk.py (e.g. --hf-checkpoint).")

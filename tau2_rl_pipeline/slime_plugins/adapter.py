@@ -2,8 +2,9 @@
 
     --custom-generate-function-path        tau2_rl_pipeline.slime_plugins.adapter.generate
     --custom-reward-post-process-path      tau2_rl_pipeline.slime_plugins.adapter.reward_post_process
-    --dynamic-sampling-filter-path         tau2_rl_pipeline.slime_plugins.adapter.filter_zero_std_groups   (TAU2_FILTER_ZERO_STD=1)
     --rollout-function-path                tau2_rl_pipeline.slime_plugins.adapter.generate_rollout_fully_async   (async GRPO)
+
+(the dynamic filter and the rollout log are in slime_plugins/batch.py)
 
 slime loads these by dotted path inside its Ray job, so this package must be on the job's PYTHONPATH (the stage
 scripts put it there). slime is imported only inside the functions slime calls, where it is always there; `_slime`
@@ -22,32 +23,28 @@ from types import SimpleNamespace
 from typing import Any
 
 from tau2_rl_pipeline.benchmark.episode import build_environment
+from tau2_rl_pipeline.benchmark.monitors import monitors
 from tau2_rl_pipeline.benchmark.tasks import get_task, split_benchmark
-from tau2_rl_pipeline.benchmark.tau2_version import (
-    BenchmarkMismatch,
-    check_same_benchmark,
-)
+from tau2_rl_pipeline.benchmark.tau2_version import BenchmarkMismatch, check_same_benchmark
 from tau2_rl_pipeline.benchmark.users import make_user_factory
 from tau2_rl_pipeline.config import Tau2Config
 from tau2_rl_pipeline.learning.curriculum import CurriculumTracker, state_path
 from tau2_rl_pipeline.learning.judge_reward import JudgeClient, judge_trajectory
-from tau2_rl_pipeline.learning.reward import (
-    filter_equal_reward_groups,
-    format_penalty,
-    partial_score,
-    post_process,
-    shaped_reward,
-)
+from tau2_rl_pipeline.learning.reward import format_penalty, partial_score, post_process, shaped_reward
 from tau2_rl_pipeline.rollout.abort_storm import AbortStormGuard
 from tau2_rl_pipeline.rollout.engines import SamplingParams, SGLangEngine
 from tau2_rl_pipeline.rollout.episode_loop import (
     ABORTED,
+    ENGINE_ABORT,
     ROLLOUT_STOPPED,
     TRUNCATED,
     Trajectory,
     run_episode,
 )
 from tau2_rl_pipeline.rollout.gc_policy import settle
+from tau2_rl_pipeline.rollout.offpolicy import mask_older_turns, versions_of
+from tau2_rl_pipeline.slime_plugins.awsft import is_awsft
+from tau2_rl_pipeline.slime_plugins.batch import scored_raw_rewards
 from tau2_rl_pipeline.slime_plugins.partial_rollout import LiveEpisodes
 
 logger = logging.getLogger(__name__)
@@ -58,12 +55,12 @@ TASK_INDEX_REMEDY = "write the task index again with this tau2 (python -m tau2_r
 def _slime() -> SimpleNamespace:
     """What this module uses of slime 624b824 (imported when slime calls us, inside its own process)."""
     from slime.rollout import fully_async_rollout
-    from slime.rollout.filter_hub.base_types import DynamicFilterOutput
+    from slime.rollout.base_types import RolloutFnTrainOutput
     from slime.rollout.sglang_rollout import GenerateState
     from slime.utils.async_utils import run
     from slime.utils.http_utils import get_rollout_num_engines
 
-    return SimpleNamespace(GenerateState=GenerateState, DynamicFilterOutput=DynamicFilterOutput,
+    return SimpleNamespace(GenerateState=GenerateState, RolloutFnTrainOutput=RolloutFnTrainOutput,
                            get_rollout_num_engines=get_rollout_num_engines, run=run,
                            # slime's worker drops a group whose generate raised; its private coroutine is what
                            # generate_rollout_fully_async runs, so the storm check can stand beside it.
@@ -84,10 +81,14 @@ def _tokenizer(path: str):
 
 
 @functools.lru_cache(maxsize=None)
-def _engine(ip: str, port: int, concurrency: int, max_retries: int, timeout_s: float) -> SGLangEngine:
-    # The first episode of the run: what slime, torch and tau2 have loaded by now lives as long as the process
-    # (tau2_rl_pipeline/rollout/gc_policy.py: why, and the numbers).
+def _settle_gc() -> None:
+    """TAU2_SLIME_GC_POLICY=1: at the first episode, what slime, torch and tau2 have loaded lives as long as the
+    process (rollout/gc_policy.py: why, the numbers, and the cost). Off by default: the actor is slime's."""
     settle()
+
+
+@functools.lru_cache(maxsize=None)
+def _engine(ip: str, port: int, concurrency: int, max_retries: int, timeout_s: float) -> SGLangEngine:
     return SGLangEngine.from_router(ip, port, max_in_flight=concurrency, max_retries=max_retries,
                                     timeout_s=timeout_s)
 
@@ -116,9 +117,12 @@ def _live_episodes(capacity: int) -> LiveEpisodes:
 
 def live_episodes(args) -> LiveEpisodes:
     """The process's cut episodes (partial rollout), room for twice what one rollout can cut: every sample in
-    flight, in slime's synchronous rollout (batch plus an over-sampling round) or its asynchronous one (the cap)."""
-    groups = int(args.rollout_batch_size) + int(getattr(args, "over_sampling_batch_size", None) or 0)
-    return _live_episodes(2 * max(groups * int(args.n_samples_per_prompt), in_flight_cap(args)))
+    flight, in slime's synchronous rollout (batch plus an over-sampling round) or its fully asynchronous one, whose
+    worker keeps up to the in-flight cap of *groups* going (slime/rollout/fully_async_rollout.py; a cap of samples
+    here let a weight update cut more episodes than were kept, and those started again: bench/README.md P6)."""
+    groups = max(int(args.rollout_batch_size) + int(getattr(args, "over_sampling_batch_size", None) or 0),
+                 in_flight_cap(args))
+    return _live_episodes(2 * groups * int(args.n_samples_per_prompt))
 
 
 def resumes_episodes(args, cfg: Tau2Config, evaluation: bool) -> bool:
@@ -169,15 +173,22 @@ def fill_sample(sample, traj: Trajectory, cfg: Tau2Config, tokenizer, *, top_p: 
 
     The sample is rewritten whole from the trajectory, which holds the whole episode: for an episode resumed after
     slime's end-of-rollout abort (partial rollout), the turns before the cut too, with their own log-probs and
-    weight versions (and masked, under --mask-offpolicy-in-partial-rollout, by the caller)."""
+    weight versions (and masked, under --mask-offpolicy-in-partial-rollout, by the caller).
+
+    An aborted sample's own books say it trains nothing: its loss mask is all 0 on the Sample (slime would zero it
+    only through remove_sample when it builds train data), and its reward is 0.0 but never scored (post_process,
+    the logged raw reward: reward_post_process). A cut episode's real mask stays with the episode kept for its
+    resume, which rewrites the sample."""
     status_enum = type(sample).Status
     prompt_ids, response_ids = list(traj.prompt_ids), list(traj.response_ids)
     loss_mask, logprobs = list(traj.loss_mask), list(traj.rollout_logprobs)
     if traj.status == ABORTED and not response_ids:
         # slime trains on every returned sample's response; an episode that failed before its first turn gets
-        # one masked end-of-turn token so lengths stay valid, and remove_sample keeps it out of the loss.
+        # one masked end-of-turn token so lengths stay valid.
         prompt_ids = prompt_ids or tokenizer.encode(str(sample.prompt), add_special_tokens=False)
-        response_ids, loss_mask, logprobs = [tokenizer.eos_token_id], [0], [0.0]
+        response_ids, logprobs = [tokenizer.eos_token_id], [0.0]
+    if traj.status == ABORTED:
+        loss_mask = [0] * len(response_ids)
     sample.tokens = prompt_ids + response_ids
     sample.response_length = len(response_ids)
     sample.loss_mask = loss_mask
@@ -233,9 +244,15 @@ def fill_sample(sample, traj: Trajectory, cfg: Tau2Config, tokenizer, *, top_p: 
 async def generate(args, sample, sampling_params: dict[str, Any], evaluation: bool = False):
     """slime's custom generate function: one tau2 episode per sample, against the SGLang router.
 
-    Once slime aborts the rollout (it has enough groups), an episode sends no further turn and ends aborted; under
-    slime's --partial-rollout it is kept (partial_rollout.py) and goes on from there when slime hands its sample
-    back. Episodes that aborted for infrastructure reasons feed the abort-storm guard, which stops the run when
+    An episode is cut when the rollout stops it: slime's end-of-rollout abort (GenerateState.aborted, then no
+    further turn), or the engine aborting its request because it was told to stop, which is how a weight update
+    reaches it (slime's update_weight_from_distributed calls SGLang's /pause_generation, which aborts every
+    request in flight; slime's fully async worker never sets GenerateState.aborted). A cut episode ends aborted
+    (`rollout_stopped`), never counts as a failure, and under slime's --partial-rollout is kept (partial_rollout.py)
+    and goes on from there when slime hands its sample back. Under --mask-offpolicy-in-partial-rollout every turn
+    sampled by weights older than the episode's last turn is out of the loss, in every rollout mode
+    (rollout/offpolicy.py: an episode of the fully async rollout also crosses updates between two turns).
+    Episodes that aborted for infrastructure reasons feed the abort-storm guard, which stops the run when
     rollout after rollout is mostly aborted (the error names the first failure); a task-index row written with
     another tau2 stops it at once (BenchmarkMismatch)."""
     slime = _slime()
@@ -252,6 +269,8 @@ async def generate(args, sample, sampling_params: dict[str, Any], evaluation: bo
         raise guard.tripped
     task = get_task(domain, task_id, meta["split"])
     tokenizer = _tokenizer(args.hf_checkpoint)
+    if cfg.slime_gc_policy:
+        _settle_gc()
     engine = _engine(args.sglang_router_ip, int(args.sglang_router_port), in_flight_cap(args),
                      cfg.engine_max_retries, cfg.engine_timeout_s)
     state = slime.GenerateState(args)
@@ -267,16 +286,19 @@ async def generate(args, sample, sampling_params: dict[str, Any], evaluation: bo
             live.mask_earlier()  # as slime's generate_and_rm masks a returned sample's earlier response
     traj = await run_episode(domain, task, engine, tokenizer, user, sampling, cfg, environment=environment,
                              stop_requested=lambda: state.aborted, resume=live)
-    if traj.status == ABORTED and state.aborted:  # slime's end-of-rollout abort reached the request in flight
-        traj = replace(traj, termination_reason=ROLLOUT_STOPPED)
+    if traj.termination_reason == ENGINE_ABORT or (traj.status == ABORTED and state.aborted):
+        traj = replace(traj, termination_reason=ROLLOUT_STOPPED)  # a pause, or slime's abort: a cut
     if cfg.use_judge:  # a judge that fails aborts the episode: an infrastructure failure, as the guard counts it
         traj = await judge_trajectory(traj, str(task.user_scenario), _judge(cfg))
+    if getattr(args, "mask_offpolicy_in_partial_rollout", False) and not evaluation:
+        traj = replace(traj, loss_mask=mask_older_turns(traj.loss_mask, traj.turn_spans, versions_of(traj.turn_meta)))
     if not evaluation and traj.termination_reason != ROLLOUT_STOPPED:
         storm = guard.record(traj.status == ABORTED, traj.error)
         if storm is not None:
             logger.error("%s", storm)
             raise storm
     sample = fill_sample(sample, traj, cfg, tokenizer, top_p=sampling.return_top_p)
+    sample.metadata["monitors"] = monitors(domain, task, traj.messages, traj.termination_reason)  # rollout_log.py
     if resumes and traj.termination_reason == ROLLOUT_STOPPED and traj.live is not None:
         live_episodes(args).keep(sample, traj.live, (domain, task_id))
     return sample
@@ -285,12 +307,14 @@ async def generate(args, sample, sampling_params: dict[str, Any], evaluation: bo
 def generate_rollout_fully_async(args, rollout_id: int, data_buffer, evaluation: bool = False):
     """slime's fully asynchronous rollout (`--rollout-function-path` for scripts/train_grpo.sh's async mode), which
     also stops on an abort storm: slime's worker logs and drops a group whose generate raised, so without this the
-    run would wait for groups that never come."""
+    run would wait for groups that never come. Its groups come back with metrics (the aborted count is 0: slime's
+    worker sends a group holding an aborted sample back to its buffer), which batch.log_rollout adds to."""
     slime = _slime()
     if evaluation:
         return slime.fully_async_rollout(args, rollout_id, data_buffer, evaluation=True)
     guard = storm_guard(args, _config())
-    return slime.run(_until_storm(slime.fully_async_coroutine(args, rollout_id, data_buffer), guard))
+    groups = slime.run(_until_storm(slime.fully_async_coroutine(args, rollout_id, data_buffer), guard))
+    return slime.RolloutFnTrainOutput(samples=groups, metrics={})
 
 
 async def _until_storm(coro, guard: AbortStormGuard):
@@ -320,28 +344,15 @@ def _tracker(args, cfg: Tau2Config) -> tuple[CurriculumTracker, Any]:
 
 
 def reward_post_process(args, samples) -> tuple[list[float], list[float]]:
-    """slime's custom reward post-process: (raw task rewards, group-normalized curriculum-weighted advantages)."""
+    """slime's custom reward post-process: (raw task rewards, group-normalized curriculum-weighted advantages), or,
+    when slime trains with our AWSFT loss, each sample's AWSFT weight in place of the advantage (learning/awsft.py)."""
     cfg = _config()
     cfg = replace(cfg, grpo_std_normalization=cfg.grpo_std_normalization
                   and getattr(args, "grpo_std_normalization", True))
     tracker, path = _tracker(args, cfg)
-    raw, advantages = post_process(samples, int(args.n_samples_per_prompt), cfg, tracker)
+    raw, advantages = post_process(samples, int(args.n_samples_per_prompt), cfg, tracker,
+                                   "awsft" if is_awsft(args) else "grpo")
     if path is not None:
         tracker.save(path)
+    scored_raw_rewards(samples)  # what slime logs of an aborted sample: batch.py
     return raw, advantages
-
-
-def filter_zero_std_groups(args, samples, **kwargs):
-    """slime's dynamic-sampling filter: keep a group only when its rewards differ (else GRPO has no signal).
-
-    A dropped group carries its reason (`zero_std`, or `all_aborted` when no sample is valid), which slime counts
-    in its rollout metrics (rollout/dynamic_filter/drop_<reason>), and TAU2_FILTER_KEEP_WHEN_INSUFFICIENT; slime
-    then samples another group in its place. The curriculum's zero-signal counter sees only groups that reach the
-    post-process step.
-    """
-    rewards = [float(s.reward or 0.0) for s in samples]
-    valid = [s.status.name != "ABORTED" and not s.remove_sample for s in samples]
-    keep = any(filter_equal_reward_groups(rewards, valid, len(samples))[0])
-    reason = None if keep else ("zero_std" if any(valid) else "all_aborted")
-    return _slime().DynamicFilterOutput(keep=keep, reason=reason,
-                                        keep_when_insufficient=_config().filter_keep_when_insufficient)

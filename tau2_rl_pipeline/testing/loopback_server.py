@@ -30,12 +30,7 @@ from typing import Any
 from aiohttp import web
 
 from tau2_rl_pipeline.benchmark.actions import parse_completion
-from tau2_rl_pipeline.rollout.engines import (
-    GenerateResult,
-    SamplingParams,
-    StopRule,
-    TransformersEngine,
-)
+from tau2_rl_pipeline.rollout.engines import GenerateResult, SamplingParams, StopRule, TransformersEngine
 
 HOST = "127.0.0.1"  # loopback only: this server has no authentication
 LOOPBACK_HOSTS = ("127.0.0.1", "::1")
@@ -159,7 +154,14 @@ class LoopbackServer:
     `{"return_top_p_token_ids": true}` returns each sampled token's top-p nucleus (slime's top-p replay).
 
     `weight_version` is what every answer reports as the weights' version (SGLang's `meta_info.weight_version`,
-    which slime sets at each weight update); set it to stand for an update between rollouts.
+    which slime sets at each weight update); set it to stand for an update between rollouts. It also answers what
+    slime's weight update calls on each engine (slime/backends/megatron_utils/update_weight/, through
+    slime/backends/sglang_utils/sglang_engine.py), as SGLang does: `POST /pause_generation` (mode `abort`,
+    SGLang's default and what slime sends: every `/generate` in flight returns at once with finish reason `abort`,
+    and new ones wait until `POST /continue_generation`), `GET /flush_cache` (refused while a `/generate` is
+    open; empties the prefix cache), `POST /update_weights_from_distributed` (no tensors can travel to this
+    server, so only an empty list of names; its `weight_version` becomes the served one) and
+    `GET /get_weight_version`. The chat endpoint is never paused: in a run the user simulator is another server.
 
     `chat_answer(body) -> str | None`, when set, gives the text of a `/v1/chat/completions` answer instead (e.g. a
     judge's verdict, which a tiny model cannot give); None falls through to the responder, the script or the model.
@@ -190,6 +192,8 @@ class LoopbackServer:
         self._recent_prompts: deque[list[int]] = deque(maxlen=PREFIX_CACHE_PROMPTS)
         self._generating: set[asyncio.Task] = set()
         self._aborted: set[asyncio.Task] = set()
+        self._unpaused = asyncio.Event()  # cleared by /pause_generation, set by /continue_generation
+        self._unpaused.set()
         self.port = port
         self._open = 0
         self._script: deque[list[int]] = deque()
@@ -255,6 +259,11 @@ class LoopbackServer:
         app.router.add_get("/workers", self._workers)
         app.router.add_post("/abort_request", self._abort_request)
         app.router.add_get("/v1/loads", self._loads)
+        app.router.add_post("/pause_generation", self._pause_generation)
+        app.router.add_post("/continue_generation", self._continue_generation)
+        app.router.add_get("/flush_cache", self._flush_cache)
+        app.router.add_post("/update_weights_from_distributed", self._update_weights_from_distributed)
+        app.router.add_get("/get_weight_version", self._get_weight_version)
         # handler_cancellation: a client that gives up (timeout) cancels its hung handler instead of leaving it.
         runner = web.AppRunner(app, access_log=None, handler_cancellation=True, shutdown_timeout=0.5)
         try:
@@ -289,6 +298,8 @@ class LoopbackServer:
     async def _model_request(self, request: web.Request, answer: Any) -> web.StreamResponse:
         """What every model endpoint shares: record, count open requests, inject faults, add latency."""
         body = await self._record(request)
+        if request.path == "/generate":  # a paused server holds new requests until it goes on (SGLang's is_pause)
+            await self._unpaused.wait()
         self._open += 1
         self.max_concurrent = max(self.max_concurrent, self._open)
         try:
@@ -450,13 +461,55 @@ class LoopbackServer:
         return web.json_response({"workers": [{"url": self.base_url, "model_id": self.model_name,
                                                "worker_type": "regular", "is_healthy": True}], "total": 1})
 
+    def _abort_all(self) -> None:
+        for task in list(self._generating):
+            self._aborted.add(task)
+            task.cancel()
+
     async def _abort_request(self, request: web.Request) -> web.StreamResponse:
         body = await self._record(request)
         if isinstance(body, dict) and body.get("abort_all"):
-            for task in list(self._generating):
-                self._aborted.add(task)
-                task.cancel()
+            self._abort_all()
         return web.Response()
+
+    async def _pause_generation(self, request: web.Request) -> web.StreamResponse:
+        """SGLang's pause in its default mode `abort`: hold new requests, abort those in flight, answer once none
+        is left. (Its `retract` and `in_place` modes keep requests in flight; slime's weight update never asks.)"""
+        body = await self._record(request)
+        mode = body.get("mode", "abort") if isinstance(body, dict) else "abort"
+        if mode != "abort":
+            return _error(400, f"pause mode {mode!r} is not served by the loopback server (only 'abort')")
+        self._unpaused.clear()
+        while self._generating:
+            self._abort_all()
+            await asyncio.sleep(0.01)
+        return web.json_response({"message": "Generation paused successfully.", "status": "ok"})
+
+    async def _continue_generation(self, request: web.Request) -> web.StreamResponse:
+        await self._record(request)
+        self._unpaused.set()
+        return web.json_response({"message": "Generation continued successfully.", "status": "ok"})
+
+    async def _flush_cache(self, request: web.Request) -> web.StreamResponse:
+        """As SGLang: not while a request is running (HTTP 400; slime's flush_cache retries), else the prefix cache
+        is emptied."""
+        await self._record(request)
+        if self._generating:
+            return web.Response(status=400, text="Cache not flushed: there are running requests.\n")
+        self._recent_prompts.clear()
+        return web.Response(text="Cache flushed.\n")
+
+    async def _update_weights_from_distributed(self, request: web.Request) -> web.StreamResponse:
+        body = await self._record(request)
+        if not isinstance(body, dict) or body.get("names"):
+            return _error(400, "the loopback server cannot receive weights: only an update with no tensors "
+                               "(names: []) that sets weight_version")
+        if body.get("weight_version") is not None:
+            self.weight_version = str(body["weight_version"])
+        return web.json_response({"success": True, "message": "Succeeded to update parameter online."})
+
+    async def _get_weight_version(self, request: web.Request) -> web.StreamResponse:
+        return web.json_response({"weight_version": self.weight_version})
 
     async def _loads(self, request: web.Request) -> web.StreamResponse:
         return web.json_response({"loads": [{"num_running_reqs": len(self._generating), "num_waiting_reqs": 0}]})

@@ -97,14 +97,7 @@ def train_small_tokenizer(texts: Iterable[str], out_dir: str | Path, *, vocab_si
     """Train a byte-level BPE tokenizer (at most `vocab_size` ids, the 7 Qwen3 markers included) on `texts`,
     give it Qwen3's chat template (eos <|im_end|>, pad <|endoftext|>), save it to `out_dir` and return it as a
     transformers PreTrainedTokenizerFast. Byte-level means any text still encodes, just in more tokens."""
-    from tokenizers import (
-        AddedToken,
-        Tokenizer,
-        decoders,
-        models,
-        pre_tokenizers,
-        trainers,
-    )
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     merged_vocab = vocab_size - len(TOOL_TOKENS)

@@ -11,7 +11,7 @@ Run by tests/contract/test_stage_argv.py in one subprocess for every command (sl
   one (what is left over is known to none of them; an abbreviated flag counts as unknown). Two things only a GPU
   machine has are answered here: the model's HF config.json (a dry run has no downloaded model, so
   megatron_parse_args' HF check is skipped) and the GPU architecture Megatron's validation asks torch.cuda for
-  (the H100's, sm 90, the hardware the scripts target).
+  (the H100's, sm 90, the hardware the scripts target: `h100`).
 - `convert_hf_to_torch_dist`: slime's tools/convert_hf_to_torch_dist.py `get_args()` (Megatron's parser with
   ignore_unknown_args=False: an unknown flag is a parser error) and Megatron's validation.
 - `convert_torch_dist_to_hf`: slime's tools/convert_torch_dist_to_hf.py run as __main__ up to its parse_args().
@@ -27,6 +27,7 @@ import json
 import os
 import runpy
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -67,33 +68,46 @@ def jsonable(namespace: argparse.Namespace) -> dict:
     return {k: value(v) for k, v in vars(namespace).items()}
 
 
-def parse_slime(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+@contextlib.contextmanager
+def h100() -> Iterator[None]:
+    """The GPU Megatron's validation asks about, answered as an H100 (sm 90): get_device_arch_version, and
+    torch.cuda.get_device_capability for MoE's grouped GEMM (--moe-grouped-gemm)."""
     import megatron.training.arguments as megatron_arguments
+    import torch
+
+    real = torch.cuda.get_device_capability
+    megatron_arguments.get_device_arch_version = lambda: 9
+    torch.cuda.get_device_capability = lambda device=None: (9, 0)
+    try:
+        yield
+    finally:
+        torch.cuda.get_device_capability = real
+
+
+def parse_slime(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     import slime.backends.megatron_utils.arguments as slime_megatron
     from slime.utils.arguments import parse_args
 
     real_megatron_parse_args = slime_megatron.megatron_parse_args
     slime_megatron.megatron_parse_args = lambda extra_args_provider, skip_hf_validate=False: real_megatron_parse_args(
         extra_args_provider, skip_hf_validate=True)
-    megatron_arguments.get_device_arch_version = lambda: 9
     _BUILT.clear()
     sys.argv = ["train.py", *argv]
     try:
-        args = parse_args()
+        with h100():
+            args = parse_args()
     finally:
         slime_megatron.megatron_parse_args = real_megatron_parse_args
     return args, leftovers(list(_BUILT), argv)
 
 
 def parse_convert_hf_to_torch_dist(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
-    import megatron.training.arguments as megatron_arguments
-
-    megatron_arguments.get_device_arch_version = lambda: 9
     sys.path.insert(0, str(SLIME_DIR / "tools"))
     import convert_hf_to_torch_dist
 
     sys.argv = ["convert_hf_to_torch_dist.py", *argv]
-    return convert_hf_to_torch_dist.get_args(), []  # its parser rejects unknown flags itself (a parser error)
+    with h100():
+        return convert_hf_to_torch_dist.get_args(), []  # its parser rejects unknown flags itself (a parser error)
 
 
 def parse_convert_torch_dist_to_hf(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:

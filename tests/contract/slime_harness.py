@@ -19,7 +19,8 @@ import contract_tier  # noqa: F401  (slime, Megatron-LM and the SGLang double on
 
 GENERATE = "tau2_rl_pipeline.slime_plugins.adapter.generate"
 POST_PROCESS = "tau2_rl_pipeline.slime_plugins.adapter.reward_post_process"
-FILTER = "tau2_rl_pipeline.slime_plugins.adapter.filter_zero_std_groups"
+FILTER = "tau2_rl_pipeline.slime_plugins.batch.filter_groups"
+LOG = "tau2_rl_pipeline.slime_plugins.batch.log_rollout"
 
 
 @functools.lru_cache(maxsize=None)
@@ -72,7 +73,7 @@ def reset_slime() -> None:
     sglang_rollout.GenerateState.clear_instances()
     http_utils._http_client = None
     for cached in (slime_adapter._config, slime_adapter._user_factory, slime_adapter._engine,
-                   slime_adapter._storm_guard, slime_adapter._live_episodes):
+                   slime_adapter._storm_guard, slime_adapter._live_episodes, slime_adapter._settle_gc):
         cached.cache_clear()
     slime_adapter._trackers.clear()
 
@@ -89,7 +90,25 @@ def rollout(args, rollout_id: int = 0, data_source=None):
     return fn(args, rollout_id, data_source), data_source
 
 
+def update_weights(server, version: str) -> None:
+    """What slime's weight update (UpdateWeightFromDistributed.update_weights,
+    slime/backends/megatron_utils/update_weight/update_weight_from_distributed.py) does to a rollout engine:
+    pause generation, flush the cache, send the weights with their version, continue; each through slime's own
+    SGLangEngine method (slime/backends/sglang_utils/sglang_engine.py, its HTTP calls to the server). The tensors
+    themselves cannot travel to the loopback server: the update sends none, only the new weight version."""
+    from slime.backends.sglang_utils.sglang_engine import SGLangEngine
+
+    engine = SGLangEngine.__new__(SGLangEngine)  # its HTTP client methods only: no server launched, no Ray actor
+    engine.node_rank, engine.server_host, engine.server_port = 0, server.host, server.port
+    engine.pause_generation()
+    engine.flush_cache()
+    engine.update_weights_from_distributed([], [], [], "tau2-contract", weight_version=version)
+    engine.continue_generation()
+
+
 def flat(groups) -> list:
+    """The samples of a rollout's groups (or of a RolloutFnTrainOutput), in order."""
+    groups = getattr(groups, "samples", groups)
     out = []
     for g in groups:
         out.extend(g if isinstance(g, list) else [g])

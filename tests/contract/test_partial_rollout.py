@@ -13,7 +13,7 @@ import threading
 import time
 
 import pytest
-from slime_harness import flat, prompt_rows, rollout, slime_args, train_data
+from slime_harness import flat, prompt_rows, reset_slime, rollout, slime_args, train_data, update_weights
 from test_slime_rollout import ASYNC_ROLLOUT, STOP, Script
 
 from tau2_rl_pipeline.slime_plugins.adapter import live_episodes
@@ -190,48 +190,106 @@ def test_the_registry_is_bounded_and_refuses_a_changed_sample():
     assert not registry.keep(Sample(), object(), ("mock", LONG))  # nothing to know it by
 
 
-def test_fully_async_rollout_resumes_what_a_pause_cut(slime_env, monkeypatch, loopback, tiny_small_dir,
-                                                      small_tokenizer, tmp_path):
-    """slime's fully asynchronous worker requeues a group whose episodes ended ABORTED when GenerateState.aborted
-    was set (a pause for a weight update) and runs it again once the flag is down: on its own thread and loop,
-    the episode goes on where the pause cut it."""
+def _when(condition, then, timeout_s: float = 60.0) -> threading.Thread:
+    """A thread that runs `then()` as soon as `condition()` holds (the test's stand-in for the trainer's clock)."""
+    def watch() -> None:
+        deadline = time.monotonic() + timeout_s
+        while not condition() and time.monotonic() < deadline:
+            time.sleep(0.005)
+        then()
+
+    thread = threading.Thread(target=watch)
+    thread.start()
+    return thread
+
+
+def _async_args(tiny_small_dir, loopback, tmp_path, extra=PARTIAL):
+    return slime_args(tiny_small_dir, prompt_rows(tmp_path / "p.jsonl", [LONG]),
+                      loopback.base_url.removeprefix("http://"), batch=1, n=2,
+                      extra=("--rollout-function-path", ASYNC_ROLLOUT, "--sglang-server-concurrency", "1", *extra))
+
+
+def test_fully_async_rollout_resumes_what_a_weight_update_cut(slime_env, monkeypatch, loopback, tiny_small_dir,
+                                                              small_tokenizer, tmp_path):
+    """slime's fully asynchronous worker with slime's own weight update: while the first sample's second turn is
+    in flight, the update pauses the engine (SGLang's /pause_generation aborts that request), flushes, sends the new
+    version and continues. Nothing sets GenerateState.aborted (slime never does there): the episode is known cut by
+    the abort the engine returned, goes back to slime's buffer with its group, and goes on where it was cut."""
     from slime.rollout.sglang_rollout import GenerateState
 
     monkeypatch.setenv("TAU2_MAX_TURNS", "8")
     loopback.latency_s = 0.25
     loopback.responder = script = TwoLengths(small_tokenizer)
     loopback.weight_version = "v0"
-    args = slime_args(tiny_small_dir, prompt_rows(tmp_path / "p.jsonl", [LONG]),
-                      loopback.base_url.removeprefix("http://"), batch=1, n=2,
-                      extra=("--rollout-function-path", ASYNC_ROLLOUT, "--sglang-server-concurrency", "1", *PARTIAL))
-    state, registry = GenerateState(args), live_episodes(args)
-
-    def pause_then_update() -> None:
-        while loopback.count("/generate") < 2:  # the first sample has sampled two turns
-            time.sleep(0.02)
-        state.aborted = True
-        deadline = time.monotonic() + 30
-        while not len(registry) and time.monotonic() < deadline:  # the first episode stopped, kept
-            time.sleep(0.02)
-        loopback.weight_version = "v1"
-        state.aborted = False
-
-    watcher = threading.Thread(target=pause_then_update)
-    watcher.start()
+    args = _async_args(tiny_small_dir, loopback, tmp_path)
+    registry = live_episodes(args)
+    update = _when(lambda: loopback.count("/generate") >= 2, lambda: update_weights(loopback, "v1"))
     try:
-        groups, _ = rollout(args)
+        samples = flat(rollout(args)[0])
     finally:
-        watcher.join()
-    samples = flat(groups)
+        update.join()
+    assert GenerateState(args).aborted is False  # never set: the cut came from the engine's answer
     assert [s.metadata["raw_reward"] for s in samples] == [1.0, 1.0]
     assert all(s.metadata["turns"] == 3 for s in samples)
-    # slime lets one sample generate at a time here (--sglang-server-concurrency 1): the first was cut after
-    # two turns and goes on; the second, which had not started, runs whole with the new weights
-    assert [s.metadata["resumes"] for s in samples] == [1, 0]
+    # slime lets one sample generate at a time here (--sglang-server-concurrency 1): the first was cut in its
+    # second turn and goes on; the second, which had not started, runs whole with the new weights
+    assert [s.metadata["resumes"] for s in samples] == [1, 0]  # was [0, 0]: the cut episode started again
     first, second = samples
-    assert first.weight_versions == ["v0", "v0", "v1"] and second.weight_versions == ["v1"] * 3
-    # --mask-offpolicy-in-partial-rollout: the two turns the old weights sampled are not trained
-    assert sum(first.loss_mask) == len(script.done_ids)
-    assert sum(second.loss_mask) == len(script.tool_ids) + 2 * len(script.done_ids)
+    assert first.weight_versions == ["v0", "v0", "v1", "v1"]  # turn 1, turn 2 aborted, turn 2 again, turn 3
+    assert second.weight_versions == ["v1"] * 3
+    # --mask-offpolicy-in-partial-rollout: the turn the old weights sampled is not trained
+    assert _policy(first) == 2 * script.done_ids
+    # the second had finished (new weights) when slime's worker sent the group back for the first; handed out
+    # again, slime's generate_and_rm masks a finished sample's whole response, whoever sampled it
+    assert second.status.name == "COMPLETED" and _policy(second) == []
     assert _first_prompt_requests(loopback, first) == 2  # once per sample: the cut one was not started again
     assert len(registry) == 0
+    paths = [p for p, _ in loopback.requests]
+    assert paths.index("/pause_generation") < paths.index("/update_weights_from_distributed") \
+        < paths.index("/continue_generation")
+
+
+def test_an_episode_crossing_a_weight_update_between_turns_trains_only_the_new_weights_turns(
+        slime_env, monkeypatch, loopback, tiny_small_dir, small_tokenizer, tmp_path):
+    """The fully async worker, without --partial-rollout: the update comes while the first sample waits on its
+    user between turns 2 and 3, so no request is cut and the episode simply goes on with the new weights. Under
+    --mask-offpolicy-in-partial-rollout (GRPO_MASK_OFFPOLICY=1) its turns 1-2, sampled by v0, are not trained."""
+    monkeypatch.setenv("TAU2_MAX_TURNS", "8")
+    loopback.latency_s = 0.25
+    loopback.responder = script = TwoLengths(small_tokenizer)
+    loopback.weight_version = "v0"
+    chats = "/v1/chat/completions"
+    for masked in (True, False):
+        reset_slime()
+        loopback.requests.clear()
+        loopback.weight_version = "v0"
+        args = _async_args(tiny_small_dir, loopback, tmp_path,
+                           extra=("--mask-offpolicy-in-partial-rollout",) if masked else ())
+        # the user's second message (after the policy's turn 2) has just arrived; it takes 0.25 s to answer
+        update = _when(lambda: loopback.count(chats) >= 2, lambda: update_weights(loopback, "v1"))
+        try:
+            first, second = flat(rollout(args)[0])
+        finally:
+            update.join()
+        assert first.weight_versions == ["v0", "v0", "v1"] and first.metadata["resumes"] == 0
+        assert second.weight_versions == ["v1"] * 3
+        assert _policy(second) == script.tool_ids + 2 * script.done_ids
+        if masked:
+            assert _policy(first) == script.done_ids  # was all three turns: the old weights' turns trained
+        else:
+            assert _policy(first) == script.tool_ids + 2 * script.done_ids
+        data = train_data(args, [first, second])
+        assert data["loss_masks"] == [first.loss_mask, second.loss_mask]
+
+
+def _policy(sample) -> list[int]:
+    response = sample.tokens[len(sample.tokens) - sample.response_length:]
+    return [t for t, m in zip(response, sample.loss_mask) if m]
+
+
+def test_cut_episodes_are_kept_for_every_sample_slimes_async_worker_has_in_flight(slime_env, loopback, tiny_small_dir,
+                                                                               tmp_path):
+    """slime's fully async worker keeps up to --sglang-server-concurrency x engines *groups* going: a weight update
+    can cut every sample of them (it was a cap of samples: past it, cut episodes were dropped and started again)."""
+    args = _async_args(tiny_small_dir, loopback, tmp_path, extra=("--sglang-server-concurrency", "8", *PARTIAL))
+    assert live_episodes(args).capacity == 2 * 8 * 2  # was 16

@@ -15,14 +15,10 @@ from tau2.data_model.simulation import RewardInfo
 from tau2_rl_pipeline.benchmark.oracle import last_write_index, replay_gold_actions
 from tau2_rl_pipeline.benchmark.tasks import load_tasks
 from tau2_rl_pipeline.config import Tau2Config
-from tau2_rl_pipeline.rollout.episode_loop import (
-    ABORTED,
-    COMPLETED,
-    TRUNCATED,
-    Trajectory,
-)
+from tau2_rl_pipeline.rollout.episode_loop import ABORTED, COMPLETED, TRUNCATED, Trajectory
 from tau2_rl_pipeline.rollout.tokens import TopPSpans
 from tau2_rl_pipeline.slime_plugins import adapter as slime_adapter
+from tau2_rl_pipeline.slime_plugins import batch
 
 
 def check_like_slime(samples):
@@ -65,8 +61,10 @@ def test_fill_sample_maps_status_and_keeps_lengths(status, expected, small_token
     assert sample.status == Sample.Status[expected]
     assert sample.remove_sample == (status == ABORTED)
     assert sample.metadata["raw_reward"] == (1.0 if status == COMPLETED else 0.0)
-    if status == ABORTED:
-        assert sample.reward == 0.0 and sample.metadata["error"] == "boom"
+    if status == ABORTED:  # its books say it trains nothing (was the trajectory's mask of 1s)
+        assert sample.reward == 0.0 and sample.metadata["error"] == "boom" and sample.loss_mask == [0, 0, 0]
+    else:
+        assert sample.loss_mask == [1, 1, 1]
 
 
 def test_fill_sample_of_an_episode_aborted_before_any_turn_is_still_trainable(small_tokenizer):
@@ -119,18 +117,37 @@ def test_reward_post_process_normalizes_groups_and_persists_the_curriculum(env_f
     assert json.loads((tmp_path / "curriculum.json").read_text())["tasks"]["airline/a"]["attempts"] == 4
 
 
-def test_dynamic_filter_drops_groups_without_signal_with_a_reason(env_for_adapter, monkeypatch):
+def test_dynamic_filter_drops_all_aborted_groups_always_and_groups_without_signal_when_asked(monkeypatch):
     def s(r, status=Sample.Status.COMPLETED):
         return Sample(reward=r, status=status)
 
-    assert slime_adapter.filter_zero_std_groups(None, [s(1.0), s(0.0)]) == DynamicFilterOutput(keep=True)
-    assert slime_adapter.filter_zero_std_groups(None, [s(0.0), s(0.0)]) == DynamicFilterOutput(False, "zero_std")
-    assert slime_adapter.filter_zero_std_groups(
-        None, [s(0.0, Sample.Status.ABORTED), s(1.0, Sample.Status.ABORTED)]) == DynamicFilterOutput(False,
-                                                                                                   "all_aborted")
+    aborted = [s(0.0, Sample.Status.ABORTED), s(1.0, Sample.Status.ABORTED)]
     monkeypatch.setenv("TAU2_FILTER_KEEP_WHEN_INSUFFICIENT", "1")
-    slime_adapter._config.cache_clear()
-    assert slime_adapter.filter_zero_std_groups(None, [s(0.0), s(0.0)]).keep_when_insufficient
+    for zero_std in ("0", "1"):  # whatever the filter settings: never kept, not even when slime runs short
+        monkeypatch.setenv("TAU2_FILTER_ZERO_STD", zero_std)
+        assert batch.filter_groups(None, aborted) == DynamicFilterOutput(False, "all_aborted")
+        assert batch.filter_groups(None, [s(1.0), s(0.0, Sample.Status.ABORTED)]).reason != "all_aborted"
+    monkeypatch.setenv("TAU2_FILTER_ZERO_STD", "0")
+    assert batch.filter_groups(None, [s(0.0), s(0.0)]) == DynamicFilterOutput(keep=True)
+    monkeypatch.setenv("TAU2_FILTER_ZERO_STD", "1")
+    assert batch.filter_groups(None, [s(1.0), s(0.0)]) == DynamicFilterOutput(keep=True)
+    assert batch.filter_groups(None, [s(0.0), s(0.0)]) == DynamicFilterOutput(False, "zero_std", True)
+    monkeypatch.setenv("TAU2_FILTER_KEEP_WHEN_INSUFFICIENT", "0")
+    assert not batch.filter_groups(None, [s(0.0), s(0.0)]).keep_when_insufficient
+
+
+def test_an_aborted_samples_logged_raw_reward_leaves_the_scored_mean_alone():
+    def s(r, status=Sample.Status.COMPLETED):
+        return Sample(reward=r, status=status, metadata={"raw_reward": r})
+
+    samples = [s(1.0), s(0.0), s(1.0), s(0.0, Sample.Status.ABORTED)]
+    batch.scored_raw_rewards(samples)
+    logged = [x.metadata["raw_reward"] for x in samples]
+    assert sum(logged) / len(logged) == pytest.approx(2 / 3)  # was 0.5: the abort counted as a failure
+    assert batch.aborted_metrics(samples) == {"rollout/aborted_samples": 1, "rollout/aborted_fraction": 0.25}
+    nothing_scored = [s(0.0, Sample.Status.ABORTED)]
+    batch.scored_raw_rewards(nothing_scored)
+    assert nothing_scored[0].metadata["raw_reward"] == 0.0
 
 
 def test_sampling_params_from_slime_always_stop_at_end_of_turn(small_tokenizer):

@@ -12,15 +12,7 @@ import re
 import time
 
 import pytest
-from slime_harness import (
-    FILTER,
-    flat,
-    prompt_rows,
-    reset_slime,
-    rollout,
-    slime_args,
-    train_data,
-)
+from slime_harness import FILTER, LOG, flat, prompt_rows, reset_slime, rollout, slime_args, train_data
 
 from tau2_rl_pipeline.benchmark.actions import render_assistant_text
 from tau2_rl_pipeline.benchmark.tasks import load_tasks
@@ -73,6 +65,7 @@ def test_successful_episodes_train_exactly_the_policys_sampled_turns(slime_env, 
     loopback.responder = script = Script(small_tokenizer)
     args = slime_args(tiny_small_dir, prompt_rows(tmp_path / "p.jsonl", ["create_task_1"]),
                       loopback.base_url.removeprefix("http://"), batch=1, n=2)
+    gc_before = (gc.get_freeze_count(), gc.get_threshold())
     output, _ = rollout(args)
     samples = flat(output.samples)
     assert [s.status for s in samples] == [Sample.Status.COMPLETED] * 2
@@ -86,8 +79,8 @@ def test_successful_episodes_train_exactly_the_policys_sampled_turns(slime_env, 
     assert [sum(m) for m in data["loss_masks"]] == [len(_policy_ids(s)) for s in samples]
     assert data["raw_reward"] == [1.0, 1.0]
     json.dumps([s.metadata for s in samples])  # slime logs and ships metadata
-    assert gc.get_freeze_count() > 0  # what was loaded before the first episode is out of the GC's full passes
-    assert gc.get_threshold()[2] == gc_policy.FULL_PASS_EVERY  # and the rollout process's GC policy is on
+    # slime's actor is slime's process: the GC policy is opt-in there (TAU2_SLIME_GC_POLICY), its collector untouched
+    assert (gc.get_freeze_count(), gc.get_threshold()) == gc_before
     chats = [body for path, body in loopback.requests if path == "/v1/chat/completions"]
     assert chats[0]["model"] == "tiny"  # tau2's LLM user, the provider prefix stripped as litellm's openai/ route does
     assert any(m["role"] == "system" for m in chats[0]["messages"])  # tau2's user-simulator prompt
@@ -134,8 +127,11 @@ def test_top_p_below_one_fills_slimes_top_p_replay(slime_env, loopback, tiny_sma
             assert (token in kept) if trained else kept == []  # sampled among its nucleus; observations: none
 
 
-def test_an_ipv6_router_address_as_slime_stores_it(slime_env, loopback, tiny_small_dir, small_tokenizer, tmp_path):
+def test_an_ipv6_router_address_as_slime_stores_it(slime_env, monkeypatch, loopback, tiny_small_dir, small_tokenizer,
+                                                   tmp_path):
     from slime.utils.http_utils import _wrap_ipv6
+
+    monkeypatch.setenv("TAU2_SLIME_GC_POLICY", "1")  # opted in: the actor's first episode settles its heap
 
     with LoopbackServer(loopback.engine, host="::1") as server6:
         server6.responder = loopback.responder = Script(small_tokenizer)
@@ -144,6 +140,7 @@ def test_an_ipv6_router_address_as_slime_stores_it(slime_env, loopback, tiny_sma
         samples = flat(rollout(args)[0].samples)
     assert [s.metadata["episode_status"] for s in samples] == ["completed", "completed"]  # not aborted
     assert server6.count("/generate") >= 4
+    assert gc.get_freeze_count() > 0 and gc.get_threshold()[2] == gc_policy.FULL_PASS_EVERY
 
 
 @pytest.mark.parametrize("keep_when_insufficient", [False, True])
@@ -151,6 +148,7 @@ def test_filter_drops_are_counted_by_slime_with_their_reason(slime_env, monkeypa
                                                             small_tokenizer, tmp_path, keep_when_insufficient):
     """update_task_1 always fails under this script (no signal), create_task_1 succeeds on some samples only."""
     monkeypatch.setenv("TAU2_FILTER_KEEP_WHEN_INSUFFICIENT", str(int(keep_when_insufficient)))
+    monkeypatch.setenv("TAU2_FILTER_ZERO_STD", "1")
     script = Script(small_tokenizer)
     calls = {"n": 0}
 
@@ -175,6 +173,54 @@ def test_filter_drops_are_counted_by_slime_with_their_reason(slime_env, monkeypa
     else:
         assert group[0].metadata["task_id"] == "create_task_1"
         assert output.metrics == {"rollout/dynamic_filter/drop_zero_std": 1}  # was {}: a bare bool has no reason
+
+
+def test_a_group_whose_samples_all_aborted_never_takes_a_batch_slot(slime_env, monkeypatch, loopback,
+                                                                    tiny_small_dir, small_tokenizer, tmp_path):
+    """Over-sampling 2 for a batch of 1, the zero-spread filter off (the default), the filter installed as
+    scripts/train_grpo.sh installs it: the first group's episodes fail at once (its two first model calls, HTTP 500,
+    no retry) and it finishes first. slime drops it with the reason all_aborted, counts it, and the healthy group
+    fills the batch (before, the all-aborted group took the slot and the healthy one was thrown away)."""
+    monkeypatch.setenv("TAU2_ENGINE_MAX_RETRIES", "0")
+    loopback.responder = Script(small_tokenizer)
+    loopback.faults.fail_next(2, Fault.ERROR_500)
+    args = slime_args(tiny_small_dir, prompt_rows(tmp_path / "p.jsonl", ["create_task_1", "update_task_1"]),
+                      loopback.base_url.removeprefix("http://"), batch=1, n=2,
+                      extra=("--over-sampling-batch-size", "2", "--sglang-server-concurrency", "1",
+                             "--dynamic-sampling-filter-path", FILTER))
+    output, _ = rollout(args)
+    (group,) = output.samples
+    assert [s.status.name for s in group] == ["COMPLETED", "COMPLETED"]
+    assert output.metrics == {"rollout/dynamic_filter/drop_all_aborted": 1}
+
+
+def test_an_aborted_sample_trains_nothing_and_is_logged_apart(slime_env, monkeypatch, loopback, tiny_small_dir,
+                                                              small_tokenizer, tmp_path):
+    """One sample of the group aborts (its first model call fails), the other succeeds: the aborted one's books
+    hold an all-0 mask on the Sample, slime's logged raw reward is the scored sample's (1.0, was 0.5), and slime's
+    rollout log counts the abort apart (the project's --custom-rollout-log-function-path)."""
+    from slime.observability import logging_utils
+    from slime.observability.rollout_metrics import log_rollout_data
+
+    monkeypatch.setenv("TAU2_ENGINE_MAX_RETRIES", "0")
+    loopback.responder = Script(small_tokenizer)
+    loopback.faults.fail_next(1, Fault.ERROR_500)
+    args = slime_args(tiny_small_dir, prompt_rows(tmp_path / "p.jsonl", ["create_task_1"]),
+                      loopback.base_url.removeprefix("http://"), batch=1, n=2,
+                      extra=("--sglang-server-concurrency", "1", "--dynamic-sampling-filter-path", FILTER,
+                             "--custom-rollout-log-function-path", LOG))
+    output, _ = rollout(args)
+    aborted, scored = flat(output.samples)
+    assert (aborted.status.name, scored.status.name) == ("ABORTED", "COMPLETED")
+    assert aborted.loss_mask and set(aborted.loss_mask) == {0}  # on the Sample itself, before slime builds data
+    logged = []
+    monkeypatch.setattr(logging_utils, "log", lambda args, log_dict, step_key: logged.append(log_dict))
+    log_rollout_data(0, args, [aborted, scored], output.metrics, 1.0)  # slime's RolloutManager does this
+    assert logged[0]["rollout/aborted_samples"] == 1 and logged[0]["rollout/aborted_fraction"] == 0.5
+    data = train_data(args, [aborted, scored])
+    assert data["raw_reward"] == [1.0, 1.0]  # what slime averages into rollout/raw_reward (was [0.0, 1.0])
+    assert data["loss_masks"][0] == aborted.loss_mask and sum(data["loss_masks"][1]) > 0
+    assert aborted.metadata["episode_status"] == "aborted" and aborted.reward == 0.0
 
 
 def test_requests_in_flight_are_capped_as_slime_caps_them(slime_env, loopback, tiny_small_dir, tmp_path):
@@ -222,6 +268,7 @@ def test_an_abort_storm_stops_the_run_with_the_first_error(slime_env, monkeypatc
             rollout(args, 1, source)  # ... the second in a row stops the run
     message = str(stopped.value)
     assert "\n" not in message and "2 rollouts in a row" in message
+    assert message.count("attempts") == 1, message  # was twice: "failed after 1 attempts; ... (after 1 attempts)"
     assert policy.base_url in message and "HTTP 500" in message
 
 
@@ -260,3 +307,37 @@ def test_an_abort_storm_stops_the_fully_async_rollout_too(slime_env, monkeypatch
             rollout(args)
         reset_slime()  # the worker stops while the server is still up
     assert time.monotonic() - started < 60
+
+
+ROLLOUT_LOG = "tau2_rl_pipeline.slime_plugins.rollout_log.log_rollout_data"
+
+
+@pytest.mark.parametrize("extra_metrics", [True, False], ids=["sync-rollout", "bare-list-rollout"])
+def test_behaviour_monitors_are_logged_by_slimes_own_rollout_logging(extra_metrics, slime_env, monkeypatch, loopback,
+                                                                     tiny_small_dir, small_tokenizer, tmp_path):
+    """slime's real log_rollout_data (what RolloutManager.generate calls after each rollout) with our log function
+    (--custom-rollout-log-function-path, as scripts/train_grpo.sh passes it): the monitors land in the row slime
+    logs with compute_metrics_from_samples' rollout/* keys; with no extra-metrics dict (slime's fully async rollout
+    returns a bare list) they go out at the same rollout/step on their own."""
+    from slime.observability import logging_utils
+    from slime.observability.rollout_metrics import log_rollout_data
+
+    loopback.responder = Script(small_tokenizer)  # gold create_task, then "Done."; the user stops
+    args = slime_args(tiny_small_dir, prompt_rows(tmp_path / "p.jsonl", ["create_task_1"]),
+                      loopback.base_url.removeprefix("http://"), batch=1, n=2,
+                      extra=("--custom-rollout-log-function-path", ROLLOUT_LOG))
+    output, _ = rollout(args)
+    samples = flat(output.samples)
+    assert [s.metadata["monitors"]["tool_calls"] for s in samples] == [1, 1]
+    rows: list[dict] = []
+    monkeypatch.setattr(logging_utils, "log", lambda args, metrics, step_key: rows.append(dict(metrics)))
+    log_rollout_data(0, args, samples, output.metrics if extra_metrics else None, 1.0)
+    logged = {k: v for row in rows for k, v in row.items()}
+    assert len(rows) == (1 if extra_metrics else 2) and all(row["rollout/step"] == 0 for row in rows)
+    assert logged["rollout/monitor/episodes"] == 2.0
+    assert logged["rollout/monitor/tool_calls_mean"] == 1.0 and logged["rollout/monitor/over_actions_mean"] == 0.0
+    assert logged["rollout/monitor/user_ended_share"] == 1.0 and logged["rollout/monitor/transfer_share"] == 0.0
+    assert logged["rollout/monitor/successes_without_action_check_share"] == 1.0  # create_task_1: DB + COMMUNICATE
+    assert "rollout/prefix_cache_hit_rate" in logged  # slime's compute_metrics_from_samples, beside ours
+    if extra_metrics:
+        assert "rollout/prefix_cache_hit_rate" in rows[0] and "rollout/monitor/episodes" in rows[0]  # one row

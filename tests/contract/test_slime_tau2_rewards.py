@@ -12,30 +12,13 @@ import re
 import time
 
 import pytest
-from slime_harness import (
-    flat,
-    prompt_rows,
-    reset_slime,
-    rollout,
-    slime_args,
-    train_data,
-)
+from slime_harness import flat, prompt_rows, reset_slime, rollout, slime_args, train_data
 from test_slime_rollout import ASYNC_ROLLOUT
 
 from tau2_rl_pipeline.benchmark.actions import render_assistant_text
-from tau2_rl_pipeline.benchmark.oracle import (
-    final_message,
-    gold_actions,
-    last_write_index,
-)
+from tau2_rl_pipeline.benchmark.oracle import final_message, gold_actions, last_write_index
 from tau2_rl_pipeline.benchmark.tasks import get_task
-from tau2_rl_pipeline.benchmark.tau2_version import (
-    STOP,
-    V1,
-    VERSION,
-    BenchmarkMismatch,
-    needs_judge,
-)
+from tau2_rl_pipeline.benchmark.tau2_version import STOP, V1, VERSION, BenchmarkMismatch, needs_judge
 from tau2_rl_pipeline.slime_plugins import adapter as slime_adapter
 
 TASKS = {("airline", "19"): "drop the write", ("retail", "36"): "gold"}  # one write each; retail 36 judged on 1.0.1

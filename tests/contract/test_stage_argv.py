@@ -52,6 +52,8 @@ def runs() -> dict[str, tuple[str, dict[str, str]]]:
     out["train_grpo.sh-async-no-options"] = ("train_grpo.sh", {"GRPO_ASYNC": "1", "GRPO_PARTIAL_ROLLOUT": "0",
                                                                "GRPO_USE_TIS": "0"})
     out["train_grpo.sh-async-unmasked"] = ("train_grpo.sh", {"GRPO_ASYNC": "1", "GRPO_MASK_OFFPOLICY": "0"})
+    out["train_grpo.sh-awsft-token-mean"] = ("train_grpo.sh", {"GRPO_ALGORITHM": "awsft",
+                                                               "TAU2_LOSS_REDUCTION": "token_mean"})
     out["train_grpo.sh-typo"] = ("train_grpo.sh", {"EXTRA_SLIME_ARGS": f"{TYPO} 0.3"})
     out["convert_hf_to_megatron.sh"] = ("convert_hf_to_megatron.sh", {})
     out["convert_megatron_to_hf.sh"] = ("convert_megatron_to_hf.sh", {})
@@ -128,7 +130,10 @@ def test_grpo_parses_as_meant(parsed: dict[str, list[dict]], layout: str) -> Non
     assert args["rollout_function_path"] == "slime.rollout.sglang_rollout.generate_rollout"
     assert args["custom_generate_function_path"] == "tau2_rl_pipeline.slime_plugins.adapter.generate"
     assert args["loss_mask_type"] == "qwen3" and args["sglang_mem_fraction_static"] == 0.7
-    assert args["use_tis"] is False and args["partial_rollout"] is False
+    # partial rollout, the old-weight mask and TIS in the synchronous mode too; aborted groups filtered, always
+    assert args["use_tis"] is args["partial_rollout"] is args["mask_offpolicy_in_partial_rollout"] is True
+    assert args["dynamic_sampling_filter_path"] == "tau2_rl_pipeline.slime_plugins.batch.filter_groups"
+    assert args["custom_rollout_log_function_path"] == "tau2_rl_pipeline.slime_plugins.batch.log_rollout"
 
 
 @pytest.mark.parametrize("layout", ["8", "4"])
@@ -148,13 +153,21 @@ def test_async_grpo_parses_as_meant(parsed: dict[str, list[dict]], layout: str) 
 
 def test_async_grpo_options_switch_off(parsed: dict[str, list[dict]]) -> None:
     args = only(parsed, "train_grpo.sh-async-no-options")
-    assert args["partial_rollout"] is args["mask_offpolicy_in_partial_rollout"] is args["use_tis"] is False
+    assert args["partial_rollout"] is args["use_tis"] is False
+    assert args["mask_offpolicy_in_partial_rollout"] is True  # old-weight turns stay out without TIS
     assert args["rollout_function_path"] == "tau2_rl_pipeline.slime_plugins.adapter.generate_rollout_fully_async"
+
+
+def test_the_loss_reduction_parses_as_slimes_flag(parsed: dict[str, list[dict]]) -> None:
+    assert only(parsed, "train_grpo.sh@8")["calculate_per_token_loss"] is False  # slime's per-sample mean
+    args = only(parsed, "train_grpo.sh-awsft-token-mean")
+    assert args["calculate_per_token_loss"] is True and args["loss_type"] == "custom_loss"
+    assert args["custom_loss_function_path"] == "tau2_rl_pipeline.slime_plugins.awsft.awsft_loss_function"
 
 
 def test_grpo_options_parse(parsed: dict[str, list[dict]]) -> None:
     args = only(parsed, "train_grpo.sh-all-options")
-    assert args["dynamic_sampling_filter_path"] == "tau2_rl_pipeline.slime_plugins.adapter.filter_zero_std_groups"
+    assert args["dynamic_sampling_filter_path"] == "tau2_rl_pipeline.slime_plugins.batch.filter_groups"
     assert args["use_wandb"] is True and args["wandb_group"] == "grpo-qwen3-4b"
     assert args["optimizer_cpu_offload"] is True and args["use_precision_aware_optimizer"] is True
 

@@ -1,0 +1,39 @@
+"""Which of an episode's sampled tokens older weights drew, from the weight version SGLang reports per request.
+
+A multi-turn episode can outlive a weight update: in slime's fully asynchronous rollout the trainer updates the
+engines while episodes are in flight (a request in flight is aborted and the episode goes on after the update; one
+waiting on its user or a tool simply sends its next turn to the new weights), and under partial rollout a cut
+episode goes on in a later rollout. Its earlier turns were then sampled by weights the loss no longer has, and
+slime's PPO ratio, computed from log-probs the actor recomputes, cannot tell them apart (only TIS reads the rollout
+log-probs). `mask_older_turns` takes every request whose weight version is not the episode's last out of the loss,
+so that under `--mask-offpolicy-in-partial-rollout` no token sampled by older weights is trained, whatever the
+rollout mode. Pure bookkeeping over the Trajectory's per-request spans and meta.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+def mask_older_turns(loss_mask: Sequence[int], spans: Sequence[tuple[int, int]],
+                     versions: Sequence[str | None]) -> list[int]:
+    """`loss_mask` with the tokens of every request whose weight version differs from the last request's set to 0.
+
+    `spans[i]` is request i's [start, end) in the response, `versions[i]` the weight version the server reported
+    for it (None: not reported). Where any version is unknown nothing can be told, and the mask is returned as is.
+    """
+    if len(spans) != len(versions):
+        raise ValueError(f"{len(spans)} request spans but {len(versions)} weight versions")
+    out = list(loss_mask)
+    if not versions or any(v is None for v in versions):
+        return out
+    newest = versions[-1]
+    for (start, end), version in zip(spans, versions):
+        if version != newest:
+            out[start:end] = [0] * (end - start)
+    return out
+
+
+def versions_of(turn_meta: Sequence[dict]) -> list[str | None]:
+    """Each request's weight version as SGLang reported it (meta_info.weight_version), None where it did not."""
+    return [None if m.get("weight_version") is None else str(m["weight_version"]) for m in turn_meta]

@@ -1,0 +1,90 @@
+"""The stage scripts' door to the presets and the sizing sheet (scripts/common.sh calls it; stdlib only, so a dry
+run needs no GPU stack).
+
+  python -m tau2_rl_pipeline.scale.cli defaults --model M [--recipe R] --world W
+      KEY=value lines: the stage defaults of the preset (and recipe) for W training GPUs (presets.defaults)
+  python -m tau2_rl_pipeline.scale.cli check --stage grpo --model-file F --name M --nodes N --gpus-per-node G ...
+      prints the sizing sheet to stderr; a layout that cannot fit is one `error:` line and exit status 1
+      (with --force 1, a warning and status 0)
+Either prints one line and exits 1 on bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import fields
+from pathlib import Path
+
+from tau2_rl_pipeline.config import Tau2Config
+from tau2_rl_pipeline.scale.presets import defaults
+from tau2_rl_pipeline.scale.sizing import Layout, Model, Work, model_args_from_file, render, size
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, not argparse's usage block
+        raise SystemExit(f"{self.prog}: error: {message}")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="tau2_rl_pipeline.scale.cli")
+    sub = parser.add_subparsers(dest="command", required=True)
+    d = sub.add_parser("defaults")
+    d.add_argument("--model", default="")
+    d.add_argument("--recipe", default="")
+    d.add_argument("--world", type=int, required=True)
+    c = sub.add_parser("check")
+    c.add_argument("--prog", default="sizing")
+    c.add_argument("--name", required=True)
+    c.add_argument("--model-file", type=Path, required=True)
+    c.add_argument("--stage", choices=["sft", "grpo", "policy-server"], required=True)
+    for flag in ("--nodes", "--gpus-per-node", "--tp", "--pp", "--cp", "--ep", "--max-tokens-per-gpu", "--engine-gpus"):
+        c.add_argument(flag, type=int, default=1)
+    for flag in ("--rollout-gpus", "--rollout-batch", "--samples"):  # 0: no rollout (SFT)
+        c.add_argument(flag, type=int, default=0)
+    # The episode's turn cap: TAU2_MAX_TURNS when the script has it, else Tau2Config's default.
+    c.add_argument("--max-turns", type=int, default=next(f.default for f in fields(Tau2Config) if f.name == "max_turns"))
+    c.add_argument("--mem-fraction", type=float, default=0.7)
+    for flag in ("--cpu-adam", "--colocated", "--force"):
+        c.add_argument(flag, type=int, choices=[0, 1], default=0)
+    return parser
+
+
+def check(a: argparse.Namespace) -> int:
+    try:
+        model = Model.from_megatron_args(model_args_from_file(a.model_file.read_text()))
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"{a.prog}: error: cannot read the model's dimensions from {a.model_file}: {exc}") from None
+    train = a.stage != "policy-server"
+    lay = Layout(nodes=a.nodes, gpus_per_node=a.gpus_per_node, tp=a.tp, pp=a.pp, cp=a.cp, ep=a.ep,
+                 cpu_adam=bool(a.cpu_adam), max_tokens_per_gpu=a.max_tokens_per_gpu, rollout_gpus=a.rollout_gpus,
+                 engine_gpus=a.engine_gpus, mem_fraction=a.mem_fraction, colocated=bool(a.colocated), train=train)
+    work = Work(rollout_batch=a.rollout_batch, samples=a.samples, max_turns=a.max_turns)
+    sheet = size(model, lay, work)
+    for line in render(a.name, lay, work, sheet):
+        print(f"{a.prog}: {line}", file=sys.stderr)
+    if sheet.refusal is None:
+        return 0
+    if a.force:
+        for refusal in sheet.refusals:
+            print(f"{a.prog}: warning: {refusal.line} (SIZING_FORCE=1: going on; {refusal.by}: {refusal.why})",
+                  file=sys.stderr)
+        return 0
+    print(f"{a.prog}: error: {sheet.refusal.line} (SIZING_FORCE=1 to try anyway)", file=sys.stderr)
+    return 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = _parser().parse_args(argv)
+    if a.command == "defaults":
+        try:
+            values = defaults(a.model, a.recipe, a.world)
+        except ValueError as exc:
+            raise SystemExit(f"error: {exc}") from None
+        print("\n".join(f"{k}={v}" for k, v in values.items()))
+        return 0
+    return check(a)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,223 @@
+"""A real Ray cluster of two nodes on loopback, started and joined by the scripts' own code, on which slime's own
+placement-group code places a 2-node layout where the stage script's dry run says it will.
+
+Two raylets on this machine: the head on 127.0.0.2, a worker on 127.0.0.3, each declaring 2 GPUs as a Ray resource
+(none is used: slime's InfoActor only asks Ray which GPU id its bundle got). They are started by scripts/cluster.sh's
+`ray_cluster_up`, the function train_sft.sh and train_grpo.sh call, from a hostfile, with RAY_WORKER_LAUNCH=local
+(the worker's `ray start` line runs here rather than over ssh), including the join and shared-storage check it runs
+as a Ray job (slime_plugins/cluster_check.py). The test then connects as a driver and runs slime's
+`create_placement_groups` (slime/ray/placement_group.py at 624b824) with the flags train_grpo.sh's dry run prints for
+the same cluster, and compares where each bundle landed with the plan that dry run printed.
+Torn down by pid: the processes whose command line names this cluster's own Ray temp dir, and their children (never
+`ray stop`, which stops every Ray of the user on the machine).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from contract_tier import MEGATRON_DIR, SGLANG_DOUBLE, SLIME_DIR
+from test_cluster_scripts import plan
+from test_scripts import ROOT, Result, flags, run_script, slime_job
+
+HEAD, WORKER = "127.0.0.2", "127.0.0.3"
+GPUS_PER_NODE = 2  # TAU2_GPU_LAYOUT=4: policy GPUs 0,1 on each node
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def fake_nvidia_smi(bindir: Path) -> None:
+    """The one tool this machine lacks (ray_start_head checks the GPU ids exist), printing `nvidia-smi -L` lines."""
+    bindir.mkdir()
+    lines = "".join(f"GPU {i}: NVIDIA H100 80GB HBM3 (UUID: GPU-{i:08d})\\n" for i in range(GPUS_PER_NODE))
+    (bindir / "nvidia-smi").write_text(f"#!/bin/sh\nprintf '{lines}'\n")
+    (bindir / "nvidia-smi").chmod(0o755)
+
+
+def processes_of(temp_dir: str) -> list[int]:
+    """Every process started for this cluster: those naming its temp dir on their command line, and their children."""
+    parent: dict[int, int] = {}
+    own: set[int] = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().decode(errors="replace")
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        parent[int(entry.name)] = ppid
+        if temp_dir in cmdline:
+            own.add(int(entry.name))
+    grew = True
+    while grew:
+        children = {pid for pid, ppid in parent.items() if ppid in own} - own
+        own |= children
+        grew = bool(children)
+    return sorted(own)
+
+
+def tear_down(temp_dir: str) -> None:
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in processes_of(temp_dir):
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        time.sleep(1.0)
+    assert not processes_of(temp_dir)
+    shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+DRIVER = """
+set -euo pipefail
+source "$1/scripts/common.sh"
+mkdir -p "${GRPO_DATA%/*}" && printf '{}\\n' >"${GRPO_DATA}"
+cluster_placement colocate  # as train_grpo.sh: its plan is printed as the cluster comes up
+ray_stop_cluster() { :; }  # never `ray stop` (every Ray on this machine): the test stops this cluster by pid
+ray_cluster_up "${CKPT_DIR}/grpo" -- "${GRPO_DATA}"
+"""
+
+
+@pytest.fixture(scope="module")
+def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
+    """The cluster (head 127.0.0.2, worker 127.0.0.3) as the scripts start it, and the env they were given."""
+    base = tmp_path_factory.mktemp("cluster")
+    (base / "hostfile").write_text(f"# the head's own line is skipped\n{HEAD} slots=2\n{WORKER} slots=2\n")
+    fake_nvidia_smi(base / "bin")
+    temp_dir = tempfile.mkdtemp(prefix="r", dir="/tmp")  # short: Ray's socket paths live under it
+    env = {"PATH": f"{base / 'bin'}{os.pathsep}{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+           "HOME": str(base), "LANG": "C.UTF-8", "TAU2_OUT_DIR": str(base / "out"), "SLIME_DIR": str(SLIME_DIR),
+           "MEGATRON_DIR": str(MEGATRON_DIR), "PYTHON": sys.executable, "TAU2_GPU_LAYOUT": "4",
+           "HOSTFILE": str(base / "hostfile"), "RAY_WORKER_LAUNCH": "local", "RAY_TEMP_DIR": temp_dir,
+           "MASTER_ADDR": HEAD, "SLIME_HOST_IP": HEAD, "GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo",
+           "RAY_GCS_PORT": str(free_port()), "RAY_DASHBOARD_PORT": str(free_port()), "RAY_JOIN_TIMEOUT": "60",
+           "TAU2_USER_API_BASE": f"http://{HEAD}:30100/v1", "RAY_USAGE_STATS_ENABLED": "0",
+           "GRPO_DATA": str(base / "out/data/tasks/tau2_train_all_tasks.jsonl")}
+    try:
+        proc = subprocess.run(["bash", "-c", DRIVER, "driver", str(ROOT)], env=env, capture_output=True, text=True,
+                              timeout=150, check=False)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        yield {"env": env, "stdout": proc.stdout, "stderr": proc.stderr, "base": base}
+    finally:
+        import ray
+
+        ray.shutdown()
+        tear_down(temp_dir)
+
+
+@pytest.fixture(scope="module")
+def driver(ray_cluster: dict) -> Iterator[None]:
+    import ray
+
+    paths = os.pathsep.join(map(str, (SLIME_DIR, MEGATRON_DIR, SGLANG_DOUBLE, ROOT)))
+    ray.init(address=f"{HEAD}:{ray_cluster['env']['RAY_GCS_PORT']}", _node_ip_address=HEAD, log_to_driver=False,
+             runtime_env={"env_vars": {"PYTHONPATH": paths}})
+    yield
+    ray.shutdown()
+
+
+def dry_run(ray_cluster: dict, **env: str) -> Result:
+    """train_grpo.sh's dry run for the same cluster: the flags slime gets and the plan it prints."""
+    keep = ("HOSTFILE", "MASTER_ADDR", "SLIME_HOST_IP", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "TAU2_GPU_LAYOUT",
+            "TAU2_USER_API_BASE")
+    result = run_script("train_grpo.sh", ray_cluster["base"], **{k: ray_cluster["env"][k] for k in keep}, **env)
+    assert result.rc == 0, result.text
+    return result
+
+
+def planned_nodes(result: Result) -> list[tuple[str, str]]:
+    """Per GPU of the placement group, in slime's order, (node, what the plan runs there): 'actor', 'rollout' or
+    'actor+rollout'."""
+    out = []
+    for line in plan(result):
+        node, what = line.split(" ", 1)[0], line.split(": ", 1)[1]
+        role = "+".join(r for r, word in (("actor", "actor ranks"), ("rollout", "SGLang engines")) if word in what)
+        out += [(node, role)] * GPUS_PER_NODE
+    return out
+
+
+def placed_nodes(args: argparse.Namespace) -> tuple[list[str], list[str]]:
+    """(node of each actor bundle, node of each rollout bundle) as slime's create_placement_groups places them."""
+    import ray
+    from ray.util.placement_group import placement_group_table, remove_placement_group
+    from slime.ray.placement_group import create_placement_groups
+
+    pgs = create_placement_groups(args)
+    pg = pgs["actor"][0]
+    try:
+        ips = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"]}
+        where = placement_group_table(pg)["bundles_to_node_id"]
+        actor_gpus = args.actor_num_nodes * args.actor_num_gpus_per_node
+        actor = [ips[where[i]] for i in pgs["actor"][1][:actor_gpus]]
+        rollout = [ips[where[i]] for i in pgs["rollout"][1][:args.rollout_num_gpus]]
+    finally:
+        remove_placement_group(pg)
+    return actor, rollout
+
+
+def slime_args(argv: list[str]) -> argparse.Namespace:
+    got = flags(argv)
+    actor_nodes, per_node = int(got["--actor-num-nodes"]), int(got["--actor-num-gpus-per-node"])
+    colocate = "--colocate" in got
+    rollout = actor_nodes * per_node if colocate else int(got["--rollout-num-gpus"])  # slime's default when colocated
+    return argparse.Namespace(actor_num_nodes=actor_nodes, actor_num_gpus_per_node=per_node, rollout_num_gpus=rollout,
+                              colocate=colocate, debug_train_only=False, debug_rollout_only=False,
+                              rollout_external=False, use_critic=False)
+
+
+def test_the_scripts_start_a_two_node_cluster_and_check_it(ray_cluster: dict, driver: None) -> None:
+    import ray
+
+    nodes = {n["NodeManagerAddress"]: n["Resources"].get("GPU") for n in ray.nodes() if n["Alive"]}
+    assert nodes == {HEAD: GPUS_PER_NODE, WORKER: GPUS_PER_NODE}
+    assert f"cluster check: 2 node(s) joined ({HEAD}, {WORKER}); 2 path(s) seen on every node" in ray_cluster["stderr"]
+    joined = [c[2] for c in Result(0, ray_cluster["stdout"], "").commands if c[:2] == ["bash", "-c"]]
+    assert len(joined) == 1 and f"--node-ip-address {WORKER}" in joined[0] and f"SLIME_HOST_IP={WORKER}" in joined[0]
+    assert f"ray start --address {HEAD}:{ray_cluster['env']['RAY_GCS_PORT']}" in joined[0]
+    assert not (ray_cluster["base"] / "out/checkpoints/grpo/.tau2-shared-check").exists()  # removed once read
+
+
+@pytest.mark.parametrize("mode", ["async", "sync"])
+def test_slime_places_the_2_node_layout_where_the_plan_says(ray_cluster: dict, driver: None, mode: str) -> None:
+    result = dry_run(ray_cluster, GRPO_ASYNC="1" if mode == "async" else "0")
+    args = slime_args(slime_job(result, "train_async.py" if mode == "async" else "train.py")[1])
+    actor, rollout = placed_nodes(args)
+    planned = planned_nodes(result)
+    assert actor == [node for node, role in planned if "actor" in role]
+    assert rollout == [node for node, role in planned if "rollout" in role]
+    if mode == "async":  # the actor on the lower address (the head), the engines on the worker
+        assert (actor, rollout) == ([HEAD, HEAD], [WORKER, WORKER])
+    else:  # colocated: every GPU of both nodes trains and rolls out
+        assert actor == rollout == [HEAD, HEAD, WORKER, WORKER]
+
+
+def test_the_check_names_a_worker_that_did_not_join_and_a_node_that_cannot_see_a_path(ray_cluster: dict,
+                                                                                      driver: None) -> None:
+    from tau2_rl_pipeline.slime_plugins import cluster_check as check
+
+    views = check.wait_for_nodes(3, GPUS_PER_NODE, [HEAD, WORKER, "127.0.0.4"], timeout_s=1.0)
+    assert check.joined_problems(views, num_nodes=3, gpus_per_node=GPUS_PER_NODE,
+                                 expect=[HEAD, WORKER, "127.0.0.4"]) == ["worker 127.0.0.4 has not joined the Ray cluster"]
+    token = ray_cluster["base"] / "token"
+    token.write_text("abc")
+    seen = check.read_on_every_node(views, [str(token)], [str(token), "/nonexistent/data"])
+    assert sorted(v.ip for v in seen) == [HEAD, WORKER] and all(v.tokens == {str(token): "abc"} for v in seen)
+    problems = check.storage_problems(seen, {str(token): "abc"}, ["/nonexistent/data"])
+    assert sorted(problems) == [f"node {ip} does not see /nonexistent/data: {check.SHARED_STORAGE_HINT}"
+                                for ip in (HEAD, WORKER)]

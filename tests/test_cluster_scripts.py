@@ -1,0 +1,277 @@
+"""The stage scripts on several nodes (scripts/cluster.sh): their dry runs, flag by flag, and their one-line errors.
+
+As in test_scripts.py: a dry run prints each command; here what the node count, the hostfile, a running cluster
+(RAY_ADDRESS) and the interface variables make of them, and the plan (which node runs what) each dry run prints.
+slime's own parser reads these argvs in the contract tier (tests/contract/test_stage_argv.py), and slime's own
+placement-group code places a 2-node layout on a real two-raylet cluster there (tests/contract/test_ray_cluster.py).
+Real (non-dry) runs only where the check fails before anything starts: an interface this node lacks, a worker that
+ssh cannot reach (the real ssh client against a port nothing listens on).
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+import shutil
+import socket
+from pathlib import Path
+
+import pytest
+from test_scripts import SLIME, Result, flags, run_script, runtime_env, slime_job
+
+MASTER = "10.0.0.1"
+NETWORK = {"MASTER_ADDR": MASTER, "SLIME_HOST_IP": MASTER, "GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo",
+           "TAU2_USER_API_BASE": "http://10.0.0.1:30100/v1"}
+
+
+def hostfile(tmp_path: Path, *lines: str) -> str:
+    path = tmp_path / "hostfile"
+    path.write_text("".join(line + "\n" for line in lines))
+    return str(path)
+
+
+def workers(n: int) -> list[str]:
+    return [f"10.0.0.{i}" for i in range(2, n + 1)]
+
+
+def dry(script: str, tmp_path: Path, **env: str) -> Result:
+    result = run_script(script, tmp_path, **env)
+    assert result.rc == 0, result.text
+    return result
+
+
+def cluster(tmp_path: Path, nodes: int, script: str = "train_grpo.sh", **env: str) -> Result:
+    """A dry run on `nodes` nodes: this one (the head) and the workers of a hostfile."""
+    return dry(script, tmp_path, HOSTFILE=hostfile(tmp_path, MASTER, *[f"{w} slots=8" for w in workers(nodes)]),
+               **NETWORK, **env)
+
+
+def plan(result: Result) -> list[str]:
+    """The plan's node lines: `<address> (<role>): <what runs there>`."""
+    return re.findall(r"^\w+\.sh:   (\S+ \(\w+\): .*)$", result.stderr, flags=re.MULTILINE)
+
+
+def check_job(result: Result) -> dict[str, list[str]]:
+    """The cluster check's flags (each may repeat), run before slime's job."""
+    cmd = next(c for c in result.commands if "tau2_rl_pipeline.slime_plugins.cluster_check" in c)
+    argv = cmd[cmd.index("tau2_rl_pipeline.slime_plugins.cluster_check") + 1:]
+    out: dict[str, list[str]] = {}
+    for flag, value in itertools.pairwise(argv):
+        if flag.startswith("--"):
+            out.setdefault(flag, []).append(value)
+    return out
+
+
+def one_line_error(result: Result) -> str:
+    """The one error line of a run that stopped before running anything (a dry run's warnings may come before)."""
+    assert result.rc == 1 and result.stdout == "", result.text
+    errors = [line for line in result.stderr.splitlines() if ": error: " in line]
+    assert len(errors) == 1 and result.stderr.strip().splitlines()[-1] == errors[0], result.stderr
+    return errors[0]
+
+
+# ---- placement flags and the plan -------------------------------------------------------------------------------
+def test_one_node_is_todays_layout(tmp_path: Path) -> None:
+    result = dry("train_grpo.sh", tmp_path)
+    got = flags(slime_job(result, "train.py")[1])
+    assert (got["--actor-num-nodes"], got["--actor-num-gpus-per-node"]) == ("1", "4") and "--colocate" in got
+    assert not any(c[0] == "ssh" or "cluster_check" in " ".join(c) for c in result.commands)
+    assert plan(result) == ["127.0.0.1 (head): actor ranks 0-3; SGLang engines 0-3 (1 GPU(s) each)"]
+
+
+@pytest.mark.parametrize("nodes", [2, 4])
+def test_the_scripts_start_a_cluster_from_a_hostfile(tmp_path: Path, nodes: int) -> None:
+    result = cluster(tmp_path, nodes)
+    cmds = result.commands
+    head = next(c for c in cmds if c[:3] == ["env", "CUDA_VISIBLE_DEVICES=0,1,2,3", "ray"])
+    assert flags(head)["--node-ip-address"] == MASTER and "--head" in head
+    joins = [c for c in cmds if c[0] == "ssh" and "ray start" in c[-1]]
+    assert [c[-2] for c in joins] == workers(nodes)
+    for worker, join in zip(workers(nodes), joins):
+        line = join[-1]
+        assert line.startswith(f"cd {SLIME} && env ")
+        assert f"SLIME_HOST_IP={worker} " in line and "GLOO_SOCKET_IFNAME=lo NCCL_SOCKET_IFNAME=lo" in line
+        assert f"--address {MASTER}:6379 --node-ip-address {worker} --num-gpus 4" in line
+    got = flags(slime_job(result, "train.py")[1])
+    assert (got["--actor-num-nodes"], got["--actor-num-gpus-per-node"]) == (str(nodes), "4") and "--colocate" in got
+    # before slime's job: every node joined and sees the checkpoint it writes and the data it reads
+    check = next(i for i, c in enumerate(cmds) if "tau2_rl_pipeline.slime_plugins.cluster_check" in c)
+    assert check < next(i for i, c in enumerate(cmds) if f"{SLIME}/train.py" in c)
+    checked = check_job(result)
+    assert checked["--expect"] == [",".join([MASTER, *workers(nodes)])] and checked["--nodes"] == [str(nodes)]
+    assert checked["--address"] == [f"{MASTER}:6379"]  # a Ray driver on the head
+    (token,) = checked["--token"]
+    assert token.startswith(str(tmp_path / "out/checkpoints/grpo/.tau2-shared-check="))
+    assert checked["--exists"] == [str(tmp_path / p) for p in ("out/data/tasks/tau2_train_all_tasks.jsonl",
+                                                                "out/checkpoints/rft",
+                                                                "out/models/Qwen3-4B-Instruct-2507")]
+    # the EXIT trap stops the workers, then the head
+    assert cmds[-1] == ["ray", "stop"] and [c[-2] for c in cmds if c[0] == "ssh" and c[-1] == "ray stop"] == workers(nodes)
+    assert len(plan(result)) == nodes and plan(result)[0].startswith(f"{MASTER} (head): actor ranks 0-3; SGLang")
+    lines = result.stderr.splitlines()  # one screen: a header, a line per node, the user simulator's, together
+    start = next(i for i, line in enumerate(lines) if "cluster plan: " in line)
+    assert [line.split(": ", 1)[0] for line in lines[start:start + nodes + 2]] == ["train_grpo.sh"] * (nodes + 2)
+    assert "user simulator: " in lines[start + nodes + 1]
+
+
+@pytest.mark.parametrize("nodes, actor_nodes, rollout", [(2, 1, 4), (4, 2, 8)])
+def test_async_grpo_gives_the_actor_the_first_nodes_and_the_rollout_the_rest(tmp_path: Path, nodes: int,
+                                                                             actor_nodes: int, rollout: int) -> None:
+    result = cluster(tmp_path, nodes, GRPO_ASYNC="1")
+    got = flags(slime_job(result, "train_async.py")[1])
+    assert (got["--actor-num-nodes"], got["--actor-num-gpus-per-node"]) == (str(actor_nodes), "4")
+    assert got["--rollout-num-gpus"] == str(rollout) and "--colocate" not in got
+    lines = plan(result)
+    assert all("actor ranks" in line and "SGLang" not in line for line in lines[:actor_nodes])
+    assert all("SGLang engines" in line and "actor" not in line for line in lines[actor_nodes:])
+
+
+def test_the_plan_follows_slimes_order_by_node_ip(tmp_path: Path) -> None:
+    """slime sorts its placement group's GPUs by node IP as numbers: 10.0.0.9 before the head 10.0.0.10."""
+    net = {**NETWORK, "MASTER_ADDR": "10.0.0.10", "SLIME_HOST_IP": "10.0.0.10"}
+    result = dry("train_grpo.sh", tmp_path, HOSTFILE=hostfile(tmp_path, "10.0.0.9"), GRPO_ASYNC="1", **net)
+    assert plan(result) == ["10.0.0.9 (worker): actor ranks 0-3",
+                            "10.0.0.10 (head): SGLang engines 0-3 (1 GPU(s) each)"]
+
+
+def test_engines_span_the_gpus_per_engine(tmp_path: Path) -> None:
+    result = cluster(tmp_path, 2, GRPO_ASYNC="1", ROLLOUT_GPUS_PER_ENGINE="2")
+    assert plan(result)[1] == "10.0.0.2 (worker): SGLang engines 0-1 (2 GPU(s) each)"
+    assert flags(slime_job(result, "train_async.py")[1])["--rollout-num-gpus-per-engine"] == "2"
+
+
+@pytest.mark.parametrize("script", ["train_sft.sh", "train_rft.sh"])
+def test_sft_and_rft_train_on_every_node(tmp_path: Path, script: str) -> None:
+    result = cluster(tmp_path, 4, script)
+    got = flags(slime_job(result, "train_async.py")[1])
+    assert (got["--actor-num-nodes"], got["--actor-num-gpus-per-node"]) == ("4", "4")
+    assert "--rollout-num-gpus" not in got and "--colocate" not in got
+    assert plan(result)[3] == "10.0.0.4 (worker): actor ranks 12-15"
+    saved = "rft" if script == "train_rft.sh" else "sft"
+    assert check_job(result)["--token"][0].startswith(str(tmp_path / f"out/checkpoints/{saved}/"))
+
+
+def test_joining_a_running_cluster_starts_and_stops_nothing(tmp_path: Path) -> None:
+    result = dry("train_grpo.sh", tmp_path, RAY_ADDRESS="http://10.1.0.1:8265", NUM_NODES="2", GPUS_PER_NODE="8",
+                 GLOO_SOCKET_IFNAME="lo", NCCL_SOCKET_IFNAME="lo", TAU2_USER_API_BASE="http://10.1.0.1:30100/v1")
+    assert not any("ray" in c and ("start" in c or "stop" in c) for c in result.commands)
+    options, argv = slime_job(result, "train.py")
+    assert "--address=http://10.1.0.1:8265" in options
+    got = flags(argv)
+    assert (got["--actor-num-nodes"], got["--actor-num-gpus-per-node"]) == ("2", "8")
+    env = runtime_env(options)["env_vars"]
+    assert env["MASTER_ADDR"] == "10.1.0.1" and env["GLOO_SOCKET_IFNAME"] == env["NCCL_SOCKET_IFNAME"] == "lo"
+    assert any("cluster_check" in " ".join(c) and "--address=http://10.1.0.1:8265" in c for c in result.commands)
+
+
+def test_each_node_announces_its_own_address(tmp_path: Path) -> None:
+    """SLIME_HOST_IP differs per node: never in the job's runtime env (it would be the head's on every node)."""
+    options, _ = slime_job(cluster(tmp_path, 2), "train.py")
+    env = runtime_env(options)["env_vars"]
+    assert "SLIME_HOST_IP" not in env and env["MASTER_ADDR"] == MASTER and env["NCCL_SOCKET_IFNAME"] == "lo"
+    assert MASTER in env["no_proxy"].split(",") and "10.0.0.2" in env["no_proxy"].split(",")
+
+
+# ---- one-line errors ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("lines, says", [
+    (["10.0.0.2", "node-3"], "line 2: 'node-3' is not an IPv4 address"),
+    (["10.0.0.2 slots=x"], "line 1: 'slots=x' is not slots=N"),
+    (["10.0.0.2 slots=2"], "line 1: 10.0.0.2 has slots=2, fewer than the GPUS_PER_NODE=4"),
+    (["# the workers", "10.0.0.2", "10.0.0.2"], "line 3: 10.0.0.2 is listed twice"),
+    (["10.0.0.2 slots=8 extra"], "line 1: unexpected 'extra'"),
+    (["10.0.0.300"], "line 1: '10.0.0.300' is not an IPv4 address"),
+    ([MASTER], "lists no worker besides the head"),
+])
+def test_a_bad_hostfile_line_is_named(tmp_path: Path, lines: list[str], says: str) -> None:
+    result = run_script("train_grpo.sh", tmp_path, HOSTFILE=hostfile(tmp_path, *lines), **NETWORK)
+    assert says in one_line_error(result)
+
+
+@pytest.mark.parametrize("missing", ["MASTER_ADDR", "SLIME_HOST_IP", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"])
+def test_a_missing_interface_variable_is_named(tmp_path: Path, missing: str) -> None:
+    env = {k: v for k, v in NETWORK.items() if k != missing}
+    result = run_script("train_sft.sh", tmp_path, HOSTFILE=hostfile(tmp_path, "10.0.0.2"), **env)
+    assert one_line_error(result).startswith(f"train_sft.sh: error: {missing} is not set")
+
+
+@pytest.mark.parametrize("env, says", [
+    ({"NUM_NODES": "2"}, "NUM_NODES=2: list the workers in HOSTFILE"),
+    ({"HOSTFILE": "x", "RAY_ADDRESS": "http://10.0.0.1:8265"}, "HOSTFILE and RAY_ADDRESS are both set"),
+    ({"RAY_ADDRESS": "10.0.0.1:6379"}, "RAY_ADDRESS=10.0.0.1:6379 must be the cluster's jobs API"),
+    ({"GPUS_PER_NODE": "8"}, "GPUS_PER_NODE=8 but each node gives Ray its 4 policy GPUs"),
+    ({"RAY_WORKER_LAUNCH": "pdsh"}, "RAY_WORKER_LAUNCH=pdsh is not one of: ssh local"),
+])
+def test_inconsistent_cluster_settings_are_one_line(tmp_path: Path, env: dict[str, str], says: str) -> None:
+    assert says in one_line_error(run_script("train_grpo.sh", tmp_path, **env))
+
+
+def test_node_count_must_match_the_hostfile(tmp_path: Path) -> None:
+    result = run_script("train_grpo.sh", tmp_path, HOSTFILE=hostfile(tmp_path, "10.0.0.2"), NUM_NODES="4", **NETWORK)
+    assert "NUM_NODES=4 but HOSTFILE" in one_line_error(result)
+
+
+def test_async_training_gpus_must_fill_whole_nodes(tmp_path: Path) -> None:
+    result = run_script("train_grpo.sh", tmp_path, HOSTFILE=hostfile(tmp_path, "10.0.0.2", "10.0.0.3"), **NETWORK,
+                        GRPO_ASYNC="1", GRPO_ASYNC_ROLLOUT_GPUS="6")
+    assert "6 training GPUs on nodes of 4: they must fill whole nodes" in one_line_error(result)
+
+
+def test_a_loopback_user_simulator_is_refused_on_several_nodes(tmp_path: Path) -> None:
+    """slime's rollout may run on any node: 127.0.0.1 would be a different machine from each."""
+    result = run_script("train_grpo.sh", tmp_path, HOSTFILE=hostfile(tmp_path, "10.0.0.2"),
+                        **{**NETWORK, "TAU2_USER_API_BASE": "http://127.0.0.1:30001/v1"})
+    assert "user simulator (start it with scripts/start_user_sim.sh) at http://127.0.0.1:30001/v1 is on loopback" \
+        in one_line_error(result)
+
+
+def test_an_interface_this_node_lacks_stops_a_real_run(tmp_path: Path) -> None:
+    net = {**NETWORK, "NCCL_SOCKET_IFNAME": "nosuch0"}
+    result = run_script("train_sft.sh", tmp_path, dry=False, HOSTFILE=hostfile(tmp_path, "10.0.0.2"), **net)
+    assert one_line_error(result).startswith("train_sft.sh: error: NCCL_SOCKET_IFNAME=nosuch0: no such network "
+                                             "interface on this node (")
+    warned = dry("train_sft.sh", tmp_path, HOSTFILE=hostfile(tmp_path, "10.0.0.2"), **net)
+    assert "warning: NCCL_SOCKET_IFNAME=nosuch0: no such network interface" in warned.stderr
+    # NCCL's syntax: a prefix names every interface it starts with; ^ excludes
+    for value in ("l", "^docker0,lo", "=lo"):
+        dry("train_sft.sh", tmp_path, HOSTFILE=hostfile(tmp_path, "10.0.0.2"), **{**net, "NCCL_SOCKET_IFNAME": value})
+    assert "no such network interface" in run_script("train_sft.sh", tmp_path, dry=False, **{
+        **net, "NCCL_SOCKET_IFNAME": "lo", "GLOO_SOCKET_IFNAME": "l"}).stderr  # Gloo takes exact names
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.skipif(shutil.which("ssh") is None, reason="needs an ssh client")
+def test_a_worker_ssh_cannot_reach_stops_a_real_run_before_anything_starts(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    for path in ("data/sft_seed.jsonl", "models/Qwen3-4B-Instruct-2507/config.json"):
+        (out / path).parent.mkdir(parents=True, exist_ok=True)
+        (out / path).write_text("{}\n")
+    (out / "models/Qwen3-4B-Instruct-2507_torch_dist").mkdir()
+    (tmp_path / "slime").mkdir()
+    port = free_port()  # nothing listens there: ssh's connection is refused, for real
+    result = run_script("train_sft.sh", tmp_path, dry=False, SLIME_DIR=str(tmp_path / "slime"),
+                        HOSTFILE=hostfile(tmp_path, "127.0.0.5"), RAY_SSH=f"ssh -p {port} -o BatchMode=yes",
+                        **{**NETWORK, "MASTER_ADDR": "127.0.0.4", "SLIME_HOST_IP": "127.0.0.4"})
+    assert result.rc == 1 and "ray" not in result.stdout
+    error = result.stderr.strip().splitlines()[-1]
+    assert error.startswith("train_sft.sh: error: worker 127.0.0.5 (HOSTFILE) is not reachable over ssh")
+    assert "Connection refused" in error
+
+
+def test_every_cluster_setting_reaches_the_commands(tmp_path: Path) -> None:
+    result = cluster(tmp_path, 2, RAY_JOIN_TIMEOUT="77", RAY_TEMP_DIR="/t/ray", RAY_SSH="ssh -p 2222",
+                     RAY_GCS_PORT="16379")
+    head = next(c for c in result.commands if "--head" in c)
+    assert flags(head)["--temp-dir"] == "/t/ray" and flags(head)["--port"] == "16379"
+    (join,) = [c for c in result.commands if c[-1].startswith(f"cd {SLIME} && ")]
+    assert join[:4] == ["ssh", "-p", "2222", "10.0.0.2"]
+    assert f"--address {MASTER}:16379" in join[-1] and "--temp-dir /t/ray/node-10.0.0.2" in join[-1]
+    assert check_job(result)["--timeout"] == ["77"] and check_job(result)["--address"] == [f"{MASTER}:16379"]
+    local = cluster(tmp_path, 2, RAY_WORKER_LAUNCH="local")
+    (join,) = [c for c in local.commands if c[-1].startswith(f"cd {SLIME} && ")]
+    assert join[:2] == ["bash", "-c"] and "--node-ip-address 10.0.0.2" in join[2]
+    assert not any(c[:2] == ["bash", "-c"] and c[2] == "ray stop" for c in local.commands)  # the head's stops all

@@ -1,0 +1,213 @@
+"""The sizing sheet (tau2_rl_pipeline/scale/sizing.py) and the presets (scale/presets.py): hand-computed numbers,
+parameter counts against the models' published sizes, refusals, and every preset layout fitting."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tau2_rl_pipeline.scale import cli
+from tau2_rl_pipeline.scale.presets import DEFAULT_MODEL, PRESETS, RECIPES, defaults, layout_for
+from tau2_rl_pipeline.scale.sizing import (ENGINE_RESERVE, GIB, GPU_BYTES, MIN_KV_TOKENS, Layout, Model, Work,
+                                           model_args_from_file, size, tokens_per_episode)
+
+MODELS = Path(__file__).resolve().parents[1] / "scripts" / "models"
+
+
+def model(name: str) -> Model:
+    return Model.from_megatron_args(model_args_from_file((MODELS / PRESETS[name].model_file).read_text()))
+
+
+def test_qwen3_4b_parameters_by_hand() -> None:
+    m = model(DEFAULT_MODEL)
+    attention = 2 * 2560 * 4096 + 2 * 2560 * 1024 + 2 * 128 + 2 * 2560  # Q, O; K, V (8 groups); q/k norms; 2 norms
+    mlp = 3 * 2560 * 9728
+    embeddings = 151936 * 2560 + 2560  # tied output layer; final norm
+    assert m.params == 36 * (attention + mlp) + embeddings == 4_022_468_096
+    assert m.active_params == m.params
+
+
+@pytest.mark.parametrize("name, total, active", [
+    ("qwen3-1.7b", 1.72e9, 1.72e9), (DEFAULT_MODEL, 4.02e9, 4.02e9), ("qwen3-8b", 8.19e9, 8.19e9),
+    ("qwen3-14b", 14.77e9, 14.77e9), ("qwen3-30b-a3b", 30.53e9, 3.35e9)])
+def test_parameter_counts_match_the_published_sizes(name: str, total: float, active: float) -> None:
+    """Qwen3's model cards: 1.7B, 4.0B, 8.2B, 14.8B, 30.5B total / 3.3B activated."""
+    m = model(name)
+    assert m.params == pytest.approx(total, rel=2e-3) and m.active_params == pytest.approx(active, rel=2e-3)
+
+
+def test_moe_parameters_by_hand() -> None:
+    m = model("qwen3-30b-a3b")
+    attention = 2 * 2048 * 4096 + 2 * 2048 * 512 + 2 * 128 + 2 * 2048
+    router, expert = 2048 * 128, 3 * 2048 * 768
+    embeddings = 2 * 151936 * 2048 + 2048  # untied
+    assert m.params == 48 * (attention + router + 128 * expert) + embeddings
+    assert m.active_params == 48 * (attention + router + 8 * expert) + embeddings
+
+
+def test_training_memory_by_hand() -> None:
+    """Qwen3-4B, TP2 x DP2 on 4 GPUs, 12288 tokens per GPU (the default layout)."""
+    m = model(DEFAULT_MODEL)
+    lay = Layout(nodes=1, gpus_per_node=4, tp=2, max_tokens_per_gpu=12288)
+    sheet = size(m, lay)
+    per_rank = (36 * 100_930_816 + 388_958_720) / 2  # (layers + embedding stage) / TP
+    assert sheet.train_weights == int(2 * per_rank)
+    assert sheet.train_grads == int(4 * per_rank)
+    assert sheet.train_optimizer == int(12 * per_rank / 2)  # sharded over DP2
+    saved = 12288 * 2560 * 2 * 36  # each layer's bf16 input
+    working = 12288 * 2 * (8 * 2560 + 3 * 9728)  # one layer recomputed
+    logits = 12288 * 151936 * 8  # fp32 logits and their gradient
+    assert sheet.train_activations == int((saved + working + logits) / 2)
+    assert sheet.refusal is None
+    assert 30 * GIB < sheet.train_total < 32 * GIB
+
+
+def test_cpu_adam_takes_the_optimizer_off_the_gpu() -> None:
+    m = model(DEFAULT_MODEL)
+    on_gpu = size(m, Layout(nodes=1, gpus_per_node=1, max_tokens_per_gpu=8192))
+    offloaded = size(m, Layout(nodes=1, gpus_per_node=1, max_tokens_per_gpu=8192, cpu_adam=True))
+    assert on_gpu.train_optimizer == int(12 * m.params) and offloaded.train_optimizer == 0
+    assert offloaded.cpu_adam_host_per_node == int(12 * m.params)
+    assert on_gpu.refusal is not None and on_gpu.refusal.by == "memory" and "CPU_ADAM=1" in on_gpu.refusal.line
+    assert offloaded.refusal is None
+
+
+def test_expert_parallel_splits_the_experts() -> None:
+    m = model("qwen3-30b-a3b")
+    sheet = size(m, Layout(nodes=2, gpus_per_node=8, tp=4, ep=16))
+    dense = (48 * (m.attention + 2048 * 128) + m.embeddings) / 4
+    experts = 48 * 128 * m.expert / 16
+    assert sheet.train_weights == int(2 * (dense + experts))
+    assert sheet.train_optimizer == int(12 * (dense / 4 + experts / 1))  # dense DP 16/4, expert DP 16/16
+
+
+def test_sglang_memory_by_hand() -> None:
+    m = model("qwen3-8b")
+    sheet = size(m, Layout(nodes=1, gpus_per_node=4, tp=2, rollout_gpus=4, engine_gpus=1, mem_fraction=0.7,
+                           colocated=True), Work(16, 4, 30))
+    weights = 2 * 8_190_735_360
+    kv = int(0.7 * GPU_BYTES) - weights
+    assert (sheet.sglang_weights, sheet.kv_cache) == (weights, kv)
+    assert sheet.kv_tokens == kv // (2 * 36 * 8 * 128 * 2)
+    assert sheet.episodes_per_step == 64 and sheet.tokens_per_step == int(64 * tokens_per_episode(30))
+
+
+def test_kv_heads_are_split_by_the_engine_until_one_a_gpu() -> None:
+    m = model("qwen3-30b-a3b")  # 4 KV heads
+    one = size(m, Layout(nodes=1, gpus_per_node=8, rollout_gpus=8, engine_gpus=8, train=False), Work())
+    per_token = 2 * 48 * 1 * 128 * 2  # 8 GPUs, 4 heads: one head a GPU (SGLang replicates it)
+    assert one.kv_tokens == one.kv_cache // per_token
+    assert one.train_total == 0
+
+
+@pytest.mark.parametrize("name, lay, by, words", [
+    (DEFAULT_MODEL, Layout(1, 6, tp=3), "parsers", "TRAIN_TP=3 does not divide"),
+    (DEFAULT_MODEL, Layout(1, 4, tp=2, pp=4), "parsers", "does not divide the 4 training GPUs"),
+    (DEFAULT_MODEL, Layout(1, 8, pp=8, tp=1), "parsers", "TRAIN_PP=8 does not divide the model's 36 layers"),
+    (DEFAULT_MODEL, Layout(1, 4, ep=2), "parsers", "needs a mixture-of-experts model"),
+    ("qwen3-30b-a3b", Layout(1, 6, tp=2, ep=3, cpu_adam=True), "parsers", "must divide the 128 experts"),
+    ("qwen3-14b", Layout(2, 4, tp=8), "sheet", "spans nodes"),
+    ("qwen3-8b", Layout(1, 4, tp=2, rollout_gpus=4, engine_gpus=3), "sheet", "does not divide the 4 rollout GPUs"),
+    ("qwen3-14b", Layout(1, 4, tp=4, cpu_adam=True, rollout_gpus=4, engine_gpus=4, mem_fraction=0.7), None, None),
+    ("qwen3-30b-a3b", Layout(1, 4, tp=4, ep=4, cpu_adam=True, rollout_gpus=4, engine_gpus=1), "memory",
+     "KV cache holds 0 tokens"),
+    ("qwen3-8b", Layout(1, 4, tp=1), "memory", "training needs"),
+])
+def test_refusals_say_why_in_one_line(name: str, lay: Layout, by: str | None, words: str | None) -> None:
+    sheet = size(model(name), lay, Work(16, 4, 30))
+    if by is None:
+        assert sheet.refusal is None
+        return
+    assert sheet.refusal is not None and sheet.refusal.by == by and words in sheet.refusal.line
+    assert "\n" not in sheet.refusal.line
+
+
+def every_layout() -> list[tuple[str, int]]:
+    return [(name, world) for name, p in PRESETS.items() for world in p.layouts]
+
+
+@pytest.mark.parametrize("name, world", every_layout())
+@pytest.mark.parametrize("per_node", [4, 8])
+def test_every_preset_layout_fits(name: str, world: int, per_node: int) -> None:
+    """Sync GRPO (colocated) at the cookbook's defaults and at the recipe's 1024 episodes, and SFT, on 4 or 8
+    training GPUs a node (the default split, or a node given wholly to the policy)."""
+    d = defaults(name, "", world)
+    par = layout_for(PRESETS[name], world)
+    per_node = min(per_node, world)
+    common = dict(nodes=world // per_node, gpus_per_node=per_node, tp=par.tp, pp=par.pp, cp=par.cp, ep=par.ep,
+                  cpu_adam=par.cpu_adam, max_tokens_per_gpu=par.max_tokens_per_gpu)
+    grpo = Layout(**common, rollout_gpus=world, engine_gpus=par.engine_gpus, mem_fraction=par.mem_fraction,
+                  colocated=True)
+    for work in (Work(16, 4, 30), Work(64, 16, 40)):
+        assert size(model(name), grpo, work).refusals == []
+    assert size(model(name), Layout(**common), Work()).refusals == []
+    assert int(d["TRAIN_TP"]) == par.tp and int(d["SFT_BATCH_SIZE"]) % (world // (par.tp * par.pp * par.cp)) == 0
+
+
+def test_budget_is_the_h100_less_the_reserve() -> None:
+    assert GPU_BYTES - ENGINE_RESERVE == pytest.approx(73.6 * GIB, abs=0.05 * GIB)
+    assert MIN_KV_TOKENS == 32768
+
+
+def test_defaults_follow_the_model() -> None:
+    small, big = defaults("qwen3-1.7b", "", 1), defaults("qwen3-30b-a3b", "", 16)
+    assert small["HF_MODEL_ID"] == "Qwen/Qwen3-1.7B" and small["TRAIN_TP"] == "1" and small["CPU_ADAM"] == "0"
+    assert big["HF_MODEL_ID"] == "Qwen/Qwen3-30B-A3B" and big["TRAIN_EP"] == "16" and big["CPU_ADAM"] == "0"
+    assert defaults("qwen3-30b-a3b", "", 8)["CPU_ADAM"] == "1"  # one node's 8 GPUs: slime's run-qwen3-30B-A3B.sh
+    assert defaults("", "", 4)["MODEL"] == DEFAULT_MODEL
+    assert defaults("qwen3-8b", "", 4)["SFT_LR"] == "5e-6" and defaults(DEFAULT_MODEL, "", 4)["SFT_LR"] == "1e-5"
+    assert defaults(DEFAULT_MODEL, "", 12)["TRAIN_TP"] == "2"  # a world between two listed: the smaller one's layout
+
+
+def test_recipe_sets_the_published_protocol() -> None:
+    d = defaults("", "qwen3-8b-tau2", 16)
+    assert d["MODEL"] == "qwen3-8b"
+    assert (d["GRPO_ROLLOUT_BATCH_SIZE"], d["GRPO_N_SAMPLES"], d["TAU2_MAX_TURNS"]) == ("64", "16", "40")
+    assert 45 <= int(d["GRPO_NUM_ROLLOUT"]) <= 75 and 1e-6 <= float(d["GRPO_LR"]) <= 2e-6
+    assert RECIPES["qwen3-8b-tau2"].differs
+
+
+@pytest.mark.parametrize("model_, recipe, world, words", [
+    ("qwen3-9b", "", 4, "MODEL=qwen3-9b is not one of"),
+    ("qwen3-4b-instruct-2507", "qwen3-8b-tau2", 4, "trains MODEL=qwen3-8b"),
+    ("", "paper", 4, "RECIPE=paper is not one of"),
+    ("qwen3-14b", "", 2, "has no layout for 2 training GPU(s)"),
+])
+def test_bad_preset_is_one_line(model_: str, recipe: str, world: int, words: str) -> None:
+    with pytest.raises(ValueError, match=None) as err:
+        defaults(model_, recipe, world)
+    assert words in str(err.value)
+    with pytest.raises(SystemExit) as stop:
+        cli.main(["defaults", "--model", model_, "--recipe", recipe, "--world", str(world)])
+    assert words in str(stop.value.code) and "\n" not in str(stop.value.code)
+
+
+def check_argv(**over: str) -> list[str]:
+    args = {"--name": "qwen3-8b", "--model-file": str(MODELS / "qwen3-8B.sh"), "--stage": "grpo", "--nodes": "1",
+            "--gpus-per-node": "4", "--tp": "2", "--max-tokens-per-gpu": "12288", "--rollout-gpus": "4",
+            "--engine-gpus": "1", "--colocated": "1", "--rollout-batch": "16", "--samples": "4", "--max-turns": "30"}
+    args.update({f"--{k.replace('_', '-')}": v for k, v in over.items()})
+    return ["check", *[x for kv in args.items() for x in kv]]
+
+
+def test_cli_prints_the_sheet(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(check_argv()) == 0
+    err = capsys.readouterr().err
+    assert "8.19e9 parameters" in err and "TP2 PP1 CP1 EP1 DP2" in err and "64 episodes" in err
+    assert "error" not in err
+
+
+def test_cli_refuses_in_one_line_unless_forced(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(check_argv(tp="1")) == 1
+    errors = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
+    assert len(errors) == 1 and "training needs" in errors[0] and "CPU_ADAM=1" in errors[0]
+    assert cli.main(check_argv(tp="1", force="1")) == 0
+    assert "warning: training needs" in capsys.readouterr().err
+
+
+def test_cli_names_an_unreadable_model_file(tmp_path: Path) -> None:
+    (tmp_path / "m.sh").write_text("MODEL_ARGS=(\n  --num-layers 2\n)\n")
+    with pytest.raises(SystemExit) as stop:
+        cli.main(check_argv(model_file=str(tmp_path / "m.sh")))
+    assert "lack --hidden-size" in str(stop.value.code) and "\n" not in str(stop.value.code)
