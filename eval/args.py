@@ -28,8 +28,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--domains", default="airline,retail,telecom", help="comma-separated tau2 domains")
     g.add_argument("--task-split", default="test", help="split of every domain (mock: base)")
     g.add_argument("--num-samples", type=int, default=4, help="episodes per task: n in pass@k, k <= n")
-    g.add_argument("--runs", type=int, default=1,
-                   help="repeat N times, each run its own seeds: mean +- sd over runs beside the pooled estimate")
+    g.add_argument("--runs", type=int, default=1, metavar="N",
+                   help="repeat N times, own seeds each: mean +- sd over runs")
     g = p.add_argument_group("sampling", "default: Qwen3-4B-Instruct-2507's recommended settings (the demo evaluates "
                              "with top-p 1, top-k -1, 96 new tokens, 8 turns, seed 0: docs/evaluation.md)", more=True)
     g.add_argument("--temperature", type=float, default=0.7)
