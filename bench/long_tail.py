@@ -317,18 +317,25 @@ def table(results: list[dict], cfg: argparse.Namespace) -> str:
     return "\n".join([*_markdown(WALL_COLUMNS, walls), "", *_markdown(BOOK_COLUMNS, books), "", note])
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def workload_parser(description: str, *, steps: int, over_sampling_help: str, steps_help: str) -> argparse.ArgumentParser:
+    """The workload flags both long-tail benches share: a step's size, the model latency and the tail."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--groups", type=int, default=8, help="--rollout-batch-size (prompts per step)")
     parser.add_argument("--samples", type=int, default=4, help="--n-samples-per-prompt")
-    parser.add_argument("--over-sampling", type=int, default=2,
-                        help="--over-sampling-batch-size as a multiple of the batch (over-sampling, partial)")
-    parser.add_argument("--steps", type=int, default=6, help="rollout steps per mode (partial: first is warm-up)")
+    parser.add_argument("--over-sampling", type=int, default=2, help=over_sampling_help)
+    parser.add_argument("--steps", type=int, default=steps, help=steps_help)
     parser.add_argument("--latency", type=float, default=0.5, help="seconds every model call waits (policy, user)")
     parser.add_argument("--tail-rate", type=float, default=0.05,
                         help="chance that an episode never closes and runs to TAU2_MAX_TURNS")
     parser.add_argument("--max-turns", type=int, default=30, help="TAU2_MAX_TURNS: the tail's length")
     parser.add_argument("--seed", type=int, default=0, help="seed of the row draws and the tail coins")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = workload_parser(__doc__.split("\n\n")[0], steps=6,
+                             over_sampling_help="--over-sampling-batch-size as a multiple of the batch (over-sampling, "
+                                                "partial)", steps_help="rollout steps per mode (partial: first is warm-up)")
     parser.add_argument("--modes", default=",".join(MODES), help="comma-separated subset of " + ",".join(MODES))
     parser.add_argument("--score", action="store_true",
                         help="the server scores every scripted reply with its tiny model (CPU on this machine)")

@@ -116,17 +116,10 @@ def table(results: list[dict], cfg: argparse.Namespace) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--groups", type=int, default=8, help="--rollout-batch-size (prompts per step)")
-    parser.add_argument("--samples", type=int, default=4, help="--n-samples-per-prompt")
-    parser.add_argument("--over-sampling", type=int, default=2,
-                        help="samples in flight at most, as a multiple of a step's (slime's worker pool)")
-    parser.add_argument("--steps", type=int, default=4, help="rollout steps per mode (the first is warm-up)")
-    parser.add_argument("--latency", type=float, default=0.5, help="seconds every model call waits (policy, user)")
-    parser.add_argument("--tail-rate", type=float, default=0.05,
-                        help="chance that an episode never closes and runs to TAU2_MAX_TURNS")
-    parser.add_argument("--max-turns", type=int, default=30, help="TAU2_MAX_TURNS: the tail's length")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the row draws and the tail coins")
+    parser = long_tail.workload_parser(__doc__.split("\n\n")[0], steps=4,
+                                       over_sampling_help="samples in flight at most, as a multiple of a step's "
+                                                          "(slime's worker pool)",
+                                       steps_help="rollout steps per mode (the first is warm-up)")
     parser.add_argument("--train-s", type=float, default=2.0,
                         help="seconds between a step's rollout and the weight update (the training step)")
     parser.add_argument("--modes", default=",".join(MODES), help="comma-separated subset of " + ",".join(MODES))

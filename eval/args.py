@@ -21,15 +21,13 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--backend", choices=("sglang", "local"), default="sglang",
                    help="sglang (--sglang-url) or local (--model)")
     g.add_argument("--sglang-url", default=None,
-                   help="SGLang server or router URL, or several servers' URLs comma-separated")
+                   help="SGLang server or router URL, or URLs, comma-separated")
     g.add_argument("--hf-checkpoint", default=None, help="checkpoint: local dir or HF hub id (sglang: its tokenizer)")
     g.add_argument("--model", default=None, help="local backend: model directory or hub id to load")
     g = p.add_argument_group("tasks")
     g.add_argument("--domains", default="airline,retail,telecom", help="comma-separated tau2 domains")
     g.add_argument("--task-split", default="test", help="split of every domain (mock: base)")
     g.add_argument("--num-samples", type=int, default=4, help="episodes per task: n in pass@k, k <= n")
-    g.add_argument("--runs", type=int, default=1, metavar="N",
-                   help="repeat N times, own seeds each: mean +- sd over runs")
     g = p.add_argument_group("sampling", "default: Qwen3-4B-Instruct-2507's recommended settings (the demo evaluates "
                              "with top-p 1, top-k -1, 96 new tokens, 8 turns, seed 0: docs/evaluation.md)", more=True)
     g.add_argument("--temperature", type=float, default=0.7)
@@ -52,6 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--concurrency", type=int, default=32, help="episodes in flight at once (over all --procs)")
     g.add_argument("--procs", type=int, default=1,
                    help="rollout processes sharing episodes and concurrency (--backend sglang; bench/README.md, P2)")
+    g.add_argument("--runs", type=int, default=1,
+                   help="repeat N times, each run its own seeds: mean +- sd over runs beside the pooled estimate")
     g.add_argument("--compare", type=Path, default=None, metavar="BASELINE.json",
                    help="also compare this run against a finished one over the same tasks (tau2-rl-compare)")
     add_submission_args(p)

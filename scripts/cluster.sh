@@ -119,7 +119,7 @@ if ((NUM_NODES > 1)); then
     _required=(SLIME_HOST_IP GLOO_SOCKET_IFNAME NCCL_SOCKET_IFNAME)
   fi
   for _name in "${_required[@]}"; do
-    [[ -n "${!_name:-}" ]] || die "${_name} is not set: a ${NUM_NODES}-node run needs it (see docs/training-at-scale.md, Beyond one node)"
+    [[ -n "${!_name:-}" ]] || die "${_name} is not set: a ${NUM_NODES}-node run needs it (see docs/multi-node.md)"
   done
   is_ipv4 "${MASTER_ADDR}" || [[ -n "${RAY_ADDRESS}" ]] || die "MASTER_ADDR=${MASTER_ADDR} must be the head's IPv4 address"
   [[ -z "${SLIME_HOST_IP:-}" ]] || is_ipv4 "${SLIME_HOST_IP}" || die "SLIME_HOST_IP=${SLIME_HOST_IP} must be an IPv4 address"
@@ -241,6 +241,17 @@ worker_join_line() {
   printf 'cd %q && %s' "${SLIME_DIR}" "${quoted% }"
 }
 
+# The head runs here: MASTER_ADDR and SLIME_HOST_IP must be addresses of this node (a 127.x address always is), as
+# `hostname -I` lists them (where it cannot, nothing is checked). A dry run skips this (it may plan from elsewhere).
+require_head_here() {
+  local name own
+  if is_dry || ! own=" $(hostname -I 2>/dev/null) " || [[ "${own}" == "  " ]]; then return 0; fi
+  for name in MASTER_ADDR SLIME_HOST_IP; do
+    [[ -z "${!name:-}" || "${!name}" == 127.* || "${own}" == *" ${!name} "* ]] ||
+      die "${name}=${!name} is not an address of this node (it has:${own% }): run the stage on the head, MASTER_ADDR"
+  done
+}
+
 # Each worker answers over ssh before anything starts (a dry run and RAY_WORKER_LAUNCH=local skip this).
 require_workers_reachable() {
   local ip out ssh
@@ -340,6 +351,7 @@ ray_cluster_up() {
     RAY_JOBS_API="${RAY_ADDRESS%/}"
   else
     RAY_JOBS_API="http://127.0.0.1:${RAY_DASHBOARD_PORT}"
+    ((NUM_NODES == 1)) || require_head_here
     require_workers_reachable
     ray_start_head
     ray_start_workers

@@ -115,6 +115,8 @@ served_endpoint() {
   local base_var=$1 model_var=$2 example=$3 what=$4
   local base="${!base_var:-}" model="${!model_var:-}"
   [[ -n "${base}" ]] || die "${base_var} is empty: set ${base_var}=${example} and ${model_var}=openai/<served name> to serve a local ${what} here (empty means a provider's ${what}: nothing to serve)"
+  [[ "${base}" != *,* ]] ||
+    die "${base_var}=${base} lists several servers: start each one with ${base_var} set to its own URL"
   [[ "${base}" =~ ^http://[^/:]+:([0-9]+)/v1/?$ ]] || die "${base_var}=${base} must look like ${example}"
   # shellcheck disable=SC2034  # read by the calling script
   SERVED_PORT="${BASH_REMATCH[1]}"
@@ -228,7 +230,7 @@ source "${SCRIPTS_DIR}/cluster.sh"
 export no_proxy="127.0.0.1,localhost${no_proxy:+,${no_proxy}}"
 export NO_PROXY="${no_proxy}"
 
-# ---- model preset and parallel layout (docs/training-at-scale.md) ----------------------------------------------
+# ---- model preset and parallel layout (docs/models-and-sizing.md) ----------------------------------------------
 # MODEL picks a preset of tau2_rl_pipeline/scale/presets.py (qwen3-1.7b, qwen3-4b-instruct-2507 [default],
 # qwen3-8b, qwen3-14b, qwen3-30b-a3b): the model, its Megatron flags (scripts/models/), and for the training world
 # (nodes x policy GPUs a node) the parallel layout (TRAIN_TP, TRAIN_PP, TRAIN_CP, TRAIN_EP, CPU_ADAM), the max
@@ -244,9 +246,14 @@ PRESET_APPLIED=0
 scale_cli() { PYTHONPATH="${TAU2_ROOT}${PYTHONPATH:+:${PYTHONPATH}}" python3 -m tau2_rl_pipeline.scale.cli "$@"; }
 # apply_preset WORLD: the preset's defaults for WORLD training GPUs (again with the asynchronous split's world).
 apply_preset() {
-  local out key value
+  local out line key value
   out="$(scale_cli defaults --model "${MODEL}" --recipe "${RECIPE}" --world "$1" 2>&1)" || die "${out#error: }"
-  while IFS='=' read -r key value; do
+  while IFS= read -r line; do
+    if [[ "${line}" == "# "* ]]; then  # a note on the recipe, said once
+      [[ "${PRESET_APPLIED}" == 1 ]] || note "${line#\# }"
+      continue
+    fi
+    key="${line%%=*}" value="${line#*=}"
     if [[ "${PRESET_APPLIED}" == 0 && -n "${!key:-}" ]]; then PRESET_USER_SET+=" ${key} "; fi
     [[ "${PRESET_USER_SET}" == *" ${key} "* ]] || export "${key}=${value}"
   done <<<"${out}"

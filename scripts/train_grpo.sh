@@ -87,8 +87,6 @@ for name in GRPO_EPS_CLIP GRPO_EPS_CLIP_HIGH GRPO_KL_LOSS_COEF GRPO_ENTROPY_COEF
   GRPO_SGLANG_MEM_FRACTION; do
   require_number "${name}" "${!name}"
 done
-ROLLOUT_GPUS_PER_ENGINE="${ROLLOUT_GPUS_PER_ENGINE:-1}"  # GPUs of one SGLang engine (its tensor parallel size)
-require_uint ROLLOUT_GPUS_PER_ENGINE "${ROLLOUT_GPUS_PER_ENGINE}"
 require_choice GRPO_KL_LOSS_TYPE "${GRPO_KL_LOSS_TYPE}" k1 k2 k3 low_var_kl
 require_choice GRPO_ALGORITHM "${GRPO_ALGORITHM}" grpo awsft
 require_choice TAU2_LOSS_REDUCTION "${TAU2_LOSS_REDUCTION}" sample_mean token_mean
@@ -204,7 +202,6 @@ fi
 if [[ "${GRPO_ALGORITHM}" == awsft ]]; then
   CUSTOM_ARGS+=(--loss-type custom_loss --custom-loss-function-path tau2_rl_pipeline.slime_plugins.awsft.awsft_loss_function)
 fi
-CUSTOM_ARGS+=(--custom-rollout-log-function-path tau2_rl_pipeline.slime_plugins.batch.log_rollout)
 if [[ "${GRPO_PARTIAL_ROLLOUT}" == 1 ]]; then
   CUSTOM_ARGS+=(--partial-rollout)
 fi

@@ -14,6 +14,7 @@ import itertools
 import re
 import shutil
 import socket
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -48,7 +49,8 @@ def cluster(tmp_path: Path, nodes: int, script: str = "train_grpo.sh", **env: st
 
 def plan(result: Result) -> list[str]:
     """The plan's node lines: `<address> (<role>): <what runs there>`."""
-    return re.findall(r"^\w+\.sh:   (\S+ \(\w+\): .*)$", result.stderr, flags=re.MULTILINE)
+    return re.findall(r"^\w+\.sh:   ((?:\d+\.\d+\.\d+\.\d+|node-\d+) \((?:head|worker|node)\): .*)$", result.stderr,
+                      flags=re.MULTILINE)
 
 
 def check_job(result: Result) -> dict[str, list[str]]:
@@ -275,3 +277,53 @@ def test_every_cluster_setting_reaches_the_commands(tmp_path: Path) -> None:
     (join,) = [c for c in local.commands if c[-1].startswith(f"cd {SLIME} && ")]
     assert join[:2] == ["bash", "-c"] and "--node-ip-address 10.0.0.2" in join[2]
     assert not any(c[:2] == ["bash", "-c"] and c[2] == "ray stop" for c in local.commands)  # the head's stops all
+
+
+def test_the_readmes_multi_node_command_dry_runs_as_typed(tmp_path: Path) -> None:
+    """README's "Beyond one node" command, with a 2-node hostfile: the plan it promises (eth0 may not exist here:
+    a dry run only warns about an interface this machine lacks)."""
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text().replace("\\\n", " ")
+    (line,) = [ln.strip() for ln in text.splitlines() if ln.startswith("    HOSTFILE=hostfile ")]
+    *assignments, bash, script = line.split()
+    assert (bash, script) == ("bash", "scripts/train_grpo.sh")
+    env = dict(a.split("=", 1) for a in assignments)
+    (tmp_path / "hostfile").write_text("10.0.0.1 slots=8\n10.0.0.2 slots=8\n")
+    result = dry("train_grpo.sh", tmp_path, **env)
+    assert plan(result) == ["10.0.0.1 (head): actor ranks 0-3; SGLang engines 0-3 (1 GPU(s) each)",
+                            "10.0.0.2 (worker): actor ranks 4-7; SGLang engines 4-7 (1 GPU(s) each)"]
+
+
+def test_a_worker_whose_ray_start_fails_is_named_with_its_last_line(tmp_path: Path) -> None:
+    """ray_start_workers, as the stage scripts call it, with a stand-in `ray` that fails as Ray does when the head's
+    GCS cannot be reached (the real one needs a head: tests/contract/test_ray_cluster.py)."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "ray").write_text("#!/bin/sh\necho 'Connecting to 10.0.0.1:6379'\n"
+                                "echo 'ConnectionError: could not reach the GCS at 10.0.0.1:6379' >&2\nexit 1\n")
+    (bindir / "ray").chmod(0o755)
+    driver = 'source "$1/scripts/common.sh"; ray_start_workers'
+    env = {"PATH": f"{bindir}:/usr/bin:/bin", "HOME": str(tmp_path), "TAU2_OUT_DIR": str(tmp_path / "out"),
+           "SLIME_DIR": str(tmp_path), "HOSTFILE": hostfile(tmp_path, "10.0.0.2", "10.0.0.3"), "RAY_WORKER_LAUNCH": "local",
+           **NETWORK}
+    proc = subprocess.run(["bash", "-c", driver, "train_grpo.sh", str(Path(__file__).resolve().parents[1])], env=env,
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines()[-1] == ("train_grpo.sh: error: worker 10.0.0.2 could not join the Ray "
+                                                    "cluster at 10.0.0.1:6379: ConnectionError: could not reach the GCS "
+                                                    "at 10.0.0.1:6379")
+
+
+def test_a_head_address_of_another_node_stops_a_real_run_before_anything_starts(tmp_path: Path) -> None:
+    if not subprocess.run(["hostname", "-I"], capture_output=True, text=True, check=False).stdout.strip():
+        pytest.skip("hostname -I lists no address here")
+    out = tmp_path / "out"
+    for path in ("data/sft_seed.jsonl", "models/Qwen3-4B-Instruct-2507/config.json"):
+        (out / path).parent.mkdir(parents=True, exist_ok=True)
+        (out / path).write_text("{}\n")
+    (out / "models/Qwen3-4B-Instruct-2507_torch_dist").mkdir()
+    result = run_script("train_sft.sh", tmp_path, dry=False, SLIME_DIR=str(tmp_path),
+                        HOSTFILE=hostfile(tmp_path, "203.0.113.2"),
+                        **{**NETWORK, "MASTER_ADDR": "203.0.113.1", "SLIME_HOST_IP": "203.0.113.1"})
+    assert result.rc == 1 and not any("ray" in c for c in result.commands)
+    assert result.stderr.strip().splitlines()[-1].startswith(
+        "train_sft.sh: error: MASTER_ADDR=203.0.113.1 is not an address of this node (it has: ")

@@ -189,3 +189,14 @@ def test_rft_samples_from_every_listed_policy_server(tmp_path: Path) -> None:
     assert flags(cmd)["--sglang-url"] == urls
     assert all(f"not checking that policy server (scripts/start_policy_server.sh) answers at {u}/health" in result.stderr
                for u in urls.split(","))
+
+
+def test_each_listed_user_simulator_is_started_on_its_own(tmp_path: Path) -> None:
+    listed = "http://10.0.0.2:30001/v1,http://10.0.0.3:30001/v1"
+    result = run_script("start_user_sim.sh", tmp_path, TAU2_USER_API_BASE=listed, TAU2_USER_MODEL="openai/user")
+    assert result.rc == 1 and "lists several servers: start each one with TAU2_USER_API_BASE set to its own URL" \
+        in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    one = run_script("start_user_sim.sh", tmp_path, TAU2_USER_API_BASE=listed.split(",")[1],
+                     TAU2_USER_MODEL="openai/user", USER_SIM_HOST="0.0.0.0")
+    server = flags(next(c for c in one.commands if "sglang.launch_server" in c))
+    assert (server["--host"], server["--port"]) == ("0.0.0.0", "30001")

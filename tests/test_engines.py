@@ -651,6 +651,54 @@ def test_loopback_abort_request_ends_generations_in_flight(loopback: LoopbackSer
     assert result.finish_reason == "abort" and result.output_ids == [] and took < 4.0
 
 
+def test_loopback_pause_aborts_what_is_in_flight_and_holds_what_comes_until_it_goes_on(loopback: LoopbackServer):
+    """SGLang's weight-update endpoints as slime calls them: /pause_generation (mode abort) answers once every
+    /generate in flight has returned with finish reason abort; a /generate sent while paused waits (the chat
+    endpoint does not); /flush_cache is refused while a /generate runs; the new weight version comes with the
+    update; /continue_generation lets the waiting request through, answered by the new version."""
+    loopback.latency_s = 0.5
+    loopback.weight_version = "1"
+
+    async def go():
+        engine = SGLangEngine(loopback.base_url)
+        url = loopback.base_url
+        try:
+            cut = asyncio.ensure_future(engine.generate([1, 2, 3], SamplingParams(max_new_tokens=2)))
+            while not loopback.max_generating:
+                await asyncio.sleep(0.01)
+            async with aiohttp.ClientSession() as http:
+                async with http.get(url + "/flush_cache") as r:
+                    assert r.status == 400  # a request is running
+                async with http.post(url + "/pause_generation", json={}) as r:
+                    assert r.status == 200
+                assert (await cut).finish_reason == "abort" and (await cut).abort_error is None
+                held = asyncio.ensure_future(engine.generate([1, 2, 3], SamplingParams(max_new_tokens=2)))
+                async with http.post(url + "/v1/chat/completions", json={
+                        "model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}) as r:
+                    assert r.status == 200  # the user simulator's endpoint is never paused
+                await asyncio.sleep(0.7)
+                assert not held.done()
+                async with http.get(url + "/flush_cache") as r:
+                    assert r.status == 200
+                async with http.post(url + "/update_weights_from_distributed", json={
+                        "names": [], "dtypes": [], "shapes": [], "group_name": "g", "weight_version": "2"}) as r:
+                    assert (await r.json())["success"] is True
+                async with http.post(url + "/update_weights_from_distributed", json={"names": ["w"]}) as r:
+                    assert r.status == 400  # no tensor can travel to this server
+                async with http.post(url + "/pause_generation", json={"mode": "in_place"}) as r:
+                    assert r.status == 400
+                async with http.post(url + "/continue_generation", json={}) as r:
+                    assert r.status == 200
+                result = await held
+            return cut.result(), result
+        finally:
+            await engine.aclose()
+
+    cut, result = asyncio.run(go())
+    assert cut.meta["weight_version"] == "1" and result.finish_reason in ("stop", "length")
+    assert result.meta["weight_version"] == "2"
+
+
 def test_cancelled_generations_stop_at_once_and_queued_ones_never_start(tiny_small_dir: Path) -> None:
     """Ctrl-C on a busy evaluation cancels every episode: the generation running stops at its next token and those
     waiting on the model's lock never start, so asyncio.run (which waits for its worker threads) returns at once

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from tau2_rl_pipeline.benchmark.tasks import load_tasks
 from tau2_rl_pipeline.config import config_from_args
 from tau2_rl_pipeline.local import pipeline as local_pipeline
 from tau2_rl_pipeline.local.demo_report import grpo_summary
@@ -98,7 +99,7 @@ def test_demo_runs_awsft_and_reports_it_beside_grpo(tiny_small_dir, tmp_path, ca
     the report, the table and the charts show it beside GRPO."""
     out = tmp_path / "demo"
     argv = [*SMALL, "--model", str(tiny_small_dir), "--out", str(out), "--algorithm", "grpo,awsft"]
-    _episodes(out, {"create_task_1": "ss"})
+    _episodes(out, {t.id: "sf" for t in load_tasks("mock", "base")})  # the RFT stage sampled every task
     _recorded_demo(out, tiny_small_dir, argv)
     code = local_pipeline.main(argv)
     assert code == 0
@@ -111,6 +112,7 @@ def test_demo_runs_awsft_and_reports_it_beside_grpo(tiny_small_dir, tmp_path, ca
     assert report["stages"]["awsft"]["pass@1"]["n_tasks"] == 9  # evaluated on the mock tasks like the others
     (step,) = report["awsft"]["history"]
     assert step["trained_sequences"] == 4 and step["train_awsft_weight"] > 0  # every sample, none skipped
+    assert step["episodes_with_baseline"] == 4  # each episode carries its task's RFT pass rate: AWSFT's V*
     assert report["awsft"]["grpo_tasks"]["tasks"] == 9
     assert report["wall_s"] >= report["awsft"]["wall_s"] > 0  # the stages' times, this run's AWSFT among them
     assert (out / "awsft" / "model" / "config.json").is_file()

@@ -24,8 +24,8 @@ def generated_blocks(text: str) -> dict[str, str]:
     return {m.group(1): m.group(0) for m in re.finditer(pattern, text, re.S)}
 
 
-@pytest.mark.parametrize("page, names", [("docs/training-at-scale.md", {"presets", "sizing", "cost"}),
-                                         ("README.md", {"presets"})])
+@pytest.mark.parametrize("page, names", [("docs/models-and-sizing.md", {"presets", "sizing", "cost", "recipe"}),
+                                         ("README.md", {"presets", "cost_summary"})])
 def test_pages_carry_the_generated_tables(page: str, names: set[str]) -> None:
     blocks = generated_blocks((ROOT / page).read_text())
     assert set(blocks) == names
@@ -35,7 +35,7 @@ def test_pages_carry_the_generated_tables(page: str, names: set[str]) -> None:
 
 def test_tables_cli_names_a_bad_table(capsys: pytest.CaptureFixture[str]) -> None:
     assert tables.main(["nope"]) == 1
-    assert capsys.readouterr().err.strip() == "error: no table nope: one of presets, sizing, cost"
+    assert capsys.readouterr().err.strip() == "error: no table nope: one of presets, sizing, cost, cost_summary, recipe"
 
 
 def test_every_input_says_where_it_comes_from() -> None:

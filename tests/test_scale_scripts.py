@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 from test_scripts import cached_dry, command_with, flags, run_script, runtime_env, slime_job
 
+from tau2_rl_pipeline.scale.presets import RECIPES
+
 
 def grpo(base: Path, entry: str = "train.py", **env: str) -> dict[str, str | None]:
     return flags(slime_job(cached_dry("train_grpo.sh", base, **env), entry)[1])
@@ -76,8 +78,7 @@ def test_small_layouts_get_cpu_adam(base: Path) -> None:
 @pytest.mark.parametrize("script", ["train_sft.sh", "train_rft.sh", "train_grpo.sh", "start_policy_server.sh"])
 def test_every_slime_stage_prints_the_sizing_sheet(base: Path, script: str) -> None:
     text = cached_dry(script, base, MODEL="qwen3-8b").stderr
-    shown = "train_sft.sh" if script == "train_rft.sh" else script  # train_rft.sh runs train_sft.sh
-    assert f"{shown}: sizing qwen3-8b: 8.19e9 parameters" in text
+    assert f"{script}: sizing qwen3-8b: 8.19e9 parameters" in text
     assert ("training, per GPU:" in text) is (script != "start_policy_server.sh")
     assert ("SGLang" in text) is (script in ("train_grpo.sh", "start_policy_server.sh"))
 
@@ -123,6 +124,8 @@ def test_recipe_sets_the_published_protocol(base: Path) -> None:
     assert got["--hidden-size"] == "4096"  # Qwen3-8B
     assert runtime_env(options)["env_vars"]["TAU2_MAX_TURNS"] == "40"  # the rollout's turn cap, through Ray
     assert "1024 episodes" in result.stderr and "(up to 40 turns)" in result.stderr
+    notes = [line for line in result.stderr.splitlines() if "differs from the published protocol" in line]
+    assert len(notes) == len(RECIPES["qwen3-8b-tau2"].differs) >= 3  # said once, though the preset applies twice
     mine = flags(slime_job(cached_dry("train_grpo.sh", base, RECIPE="qwen3-8b-tau2", GRPO_NUM_ROLLOUT="45"),
                            "train.py")[1])
     assert mine["--num-rollout"] == "45"

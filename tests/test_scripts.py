@@ -226,7 +226,7 @@ def test_the_dynamic_filter_is_always_on(dry_dir: Path, value: str) -> None:
     """It drops all-aborted groups whatever TAU2_FILTER_ZERO_STD says (which it reads in the Ray job)."""
     got = grpo_flags(dry_dir, TAU2_FILTER_ZERO_STD=value)
     assert got["--dynamic-sampling-filter-path"] == "tau2_rl_pipeline.slime_plugins.batch.filter_groups"
-    assert got["--custom-rollout-log-function-path"] == "tau2_rl_pipeline.slime_plugins.batch.log_rollout"
+    assert got["--custom-rollout-log-function-path"] == "tau2_rl_pipeline.slime_plugins.rollout_log.log_rollout_data"
 
 
 @pytest.mark.parametrize("env, says", [
@@ -517,7 +517,7 @@ def test_user_sim_serves_where_the_rollout_looks(dry_dir: Path) -> None:
     ("train_sft.sh", {"LOSS_MASK_TYPE": "llama"}, "LOSS_MASK_TYPE=llama is not one of"),
     ("train_sft.sh", {"DRY_RUN": "yes"}, "DRY_RUN=yes must be 0 or 1"),
     ("start_user_sim.sh", {"TAU2_USER_MODEL": "gpt-4.1"}, "must be openai/<served name>"),
-    ("start_user_sim.sh", {"TAU2_USER_API_BASE": ""}, "there is no local user simulator"),
+    ("start_user_sim.sh", {"TAU2_USER_API_BASE": ""}, "TAU2_USER_API_BASE is empty: set TAU2_USER_API_BASE="),
     ("download.sh", {"SEED_SOURCE": "web"}, "SEED_SOURCE=web is not one of: hub oracle"),
     ("convert_megatron_to_hf.sh", {"ITER": "last"}, "ITER=last must be an iteration number or release"),
 ])

@@ -1,7 +1,7 @@
 # shellcheck shell=bash
 # Megatron architecture flags for Qwen/Qwen3-14B (Megatron cannot read them from a checkpoint). Each value is the
 # model's config.json field named beside it; they agree with slime's scripts/models/qwen3-14B.sh at 624b824
-# (tests/test_models.py holds every flag against it). Picked by MODEL=qwen3-14b (docs/training-at-scale.md).
+# (tests/test_models.py holds every flag against it). Picked by MODEL=qwen3-14b (docs/models-and-sizing.md).
 # shellcheck disable=SC2034  # MODEL_ARGS is read by the scripts that source this file
 MODEL_ARGS=(
   --swiglu                             # hidden_act silu, gated MLP

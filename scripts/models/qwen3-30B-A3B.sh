@@ -3,7 +3,7 @@
 # checkpoint). Each value is the model's config.json field named beside it; they agree with slime's
 # scripts/models/qwen3-30B-A3B.sh at 624b824 (tests/test_models.py holds every flag against it), whose MoE settings
 # (grouped GEMM, all-to-all dispatch, fp32 router, no aux loss) are kept as they are. Picked by MODEL=qwen3-30b-a3b
-# (docs/training-at-scale.md); its layouts add expert parallelism (--expert-model-parallel-size).
+# (docs/models-and-sizing.md); its layouts add expert parallelism (--expert-model-parallel-size).
 # shellcheck disable=SC2034  # MODEL_ARGS is read by the scripts that source this file
 MODEL_ARGS=(
   --disable-bias-linear                # attention_bias false

@@ -221,7 +221,8 @@ def grpo_stage(settings: GrpoSettings, start: Path, dest: Path, root: Path, cfg:
         record = {**step_record(step, samples, raw, s.n, tracker.zero_signal_groups - zero_before, len(examples)),
                   "rollout_s": rollout_s, "aborted": sum(smp.status.name == "ABORTED" for smp in samples),
                   "judge_calls": sum(t.judge_calls for t in trajs),
-                  "behaviour": step_behaviour(s.domain, trajs, [task for task in drawn for _ in range(s.n)])}
+                  "behaviour": step_behaviour(s.domain, trajs, [task for task in drawn for _ in range(s.n)]),
+                  "episodes_with_baseline": sum(BASELINE_KEY in smp.metadata for smp in samples)}  # AWSFT's V*
         if any(e.num_targets for e in examples):  # nothing sampled (every episode aborted): no step
             trainer.model.train()
             update = trainer.awsft_step(examples) if name == "awsft" else trainer.grpo_step(examples)

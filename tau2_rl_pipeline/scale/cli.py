@@ -2,7 +2,8 @@
 run needs no GPU stack).
 
   python -m tau2_rl_pipeline.scale.cli defaults --model M [--recipe R] --world W
-      KEY=value lines: the stage defaults of the preset (and recipe) for W training GPUs (presets.defaults)
+      KEY=value lines: the stage defaults of the preset (and recipe) for W training GPUs (presets.defaults), then
+      `# ` lines: where the recipe departs from what it reproduces (the scripts print them)
   python -m tau2_rl_pipeline.scale.cli check --stage grpo --model-file F --name M --nodes N --gpus-per-node G ...
       prints the sizing sheet to stderr; a layout that cannot fit is one `error:` line and exit status 1
       (with --force 1, a warning and status 0)
@@ -17,7 +18,7 @@ from dataclasses import fields
 from pathlib import Path
 
 from tau2_rl_pipeline.config import Tau2Config
-from tau2_rl_pipeline.scale.presets import defaults
+from tau2_rl_pipeline.scale.presets import defaults, recipe_notes
 from tau2_rl_pipeline.scale.sizing import Layout, Model, Work, model_args_from_file, render, size
 
 
@@ -81,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
             values = defaults(a.model, a.recipe, a.world)
         except ValueError as exc:
             raise SystemExit(f"error: {exc}") from None
-        print("\n".join(f"{k}={v}" for k, v in values.items()))
+        print("\n".join([*(f"{k}={v}" for k, v in values.items()), *(f"# {n}" for n in recipe_notes(a.recipe))]))
         return 0
     return check(a)
 

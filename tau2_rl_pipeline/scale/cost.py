@@ -3,7 +3,7 @@ stated assumptions, and how rollout and training time move with the number of no
 
 Nothing here is measured on a GPU: this machine has none. The inputs are named, each marked measured (with where)
 or assumed, and printed with the table (`python -m tau2_rl_pipeline.scale.tables cost` writes the markdown that
-docs/training-at-scale.md carries; a test holds the page to it). The model:
+docs/models-and-sizing.md carries; a test holds the page to it). The model:
 - Training is compute-bound: FLOPs = tokens x active parameters x (6 forward+backward, 2 for the recomputed
   forward, and for GRPO 4 more: the reference and old-policy log-prob forwards), at MFU of the H100's bf16 peak.
 - Rollout is engine-bound (P2: the harness keeps 88-95% of the ideal at 1-2 s per call): every episode of a

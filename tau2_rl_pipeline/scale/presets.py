@@ -104,9 +104,10 @@ RECIPES: dict[str, Recipe] = {r.name: r for r in (
         "rejection sampling is this cookbook's RFT stage (SFT from the base model on the seed data plus the SFT "
         "model's successful episodes, scripts/generate_rft.sh), not necessarily the published sampler",
         "the user simulator is the local Qwen3-4B-Instruct-2507 (TAU2_USER_MODEL), whatever the published run used",
-        "the reward, KL loss (0.01 low_var_kl), clipping (0.2/0.28) and entropy bonus are this cookbook's GRPO "
-        "defaults; the published values beyond lr, batch, turns and steps are not reproduced",
-        "lr is fixed at 1e-6 and steps at 60, single points of the published ranges (GRPO_LR, GRPO_NUM_ROLLOUT)",
+        "the reward shaping, KL loss, clipping and entropy bonus are this cookbook's GRPO defaults (GRPO_KL_LOSS_COEF, "
+        "GRPO_EPS_CLIP, GRPO_ENTROPY_COEF, ...): the published values beyond lr, batch, turns and steps are not "
+        "reproduced",
+        "lr and steps are single points of the published ranges (GRPO_LR, GRPO_NUM_ROLLOUT)",
     ]),
 )}
 
@@ -149,4 +150,9 @@ def defaults(model: str, recipe: str, world: int) -> dict[str, str]:
     if recipe:
         out.update(RECIPES[recipe].settings)
     return out
+
+
+def recipe_notes(recipe: str) -> list[str]:
+    """What a dry run says of RECIPE=`recipe`: where it departs from the protocol it reproduces."""
+    return [f"RECIPE={recipe} differs from the published protocol: {d}" for d in RECIPES[recipe].differs] if recipe else []
 

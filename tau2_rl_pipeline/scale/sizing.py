@@ -191,6 +191,8 @@ WHY = {
 
 @dataclass(frozen=True)
 class Sheet:
+    """What size() found: parameters, bytes per training GPU and per SGLang GPU, the step's work, the refusals."""
+
     params: int
     active_params: int
     train_weights: int = 0
@@ -317,7 +319,7 @@ def render(name: str, lay: Layout, work: Work, sheet: Sheet) -> list[str]:
         lines.append(f"  CPU Adam: {gib(sheet.cpu_adam_host_per_node)} GiB of host memory per node")
     if lay.rollout_gpus:
         engines = lay.rollout_gpus // max(lay.engine_gpus, 1)
-        lines.append(f"  SGLang{' (colocated)' if lay.colocated else ''}: {engines} engine(s) x {lay.engine_gpus} "
+        lines.append(f"  SGLang{', colocated' if lay.colocated else ''}: {engines} engine(s) x {lay.engine_gpus} "
                      f"GPU(s), per GPU weights {gib(sheet.sglang_weights)} GiB + KV cache {gib(sheet.kv_cache)} GiB "
                      f"({sheet.kv_tokens} tokens) at memory fraction {lay.mem_fraction}")
     if sheet.episodes_per_step:

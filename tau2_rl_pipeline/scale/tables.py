@@ -1,4 +1,4 @@
-"""The preset, sizing and cost tables of docs/training-at-scale.md and the README, generated, never hand-typed.
+"""The preset, sizing and cost tables of docs/models-and-sizing.md and the README, generated, never hand-typed.
 
 `python -m tau2_rl_pipeline.scale.tables` prints each block between the markers the pages carry; tests/test_scale_docs.py
 holds the pages to this output, so a preset or an input that changes changes the pages with it.
@@ -78,7 +78,27 @@ def cost_block() -> list[str]:
             *cost.table(MODELS_DIR, ("qwen3-8b",), recipe="qwen3-8b-tau2"), "", "Inputs:", "", *cost.inputs_table()]
 
 
-BLOCKS = {"presets": presets_table, "sizing": sizing_table, "cost": cost_block}
+def cost_summary() -> list[str]:
+    """The README's cut of the cost table: GPU-hours per stage at the defaults, and the GRPO step, per node count."""
+    lines = ["| model | nodes | SFT + RFT sampling + RFT GPU-h | GRPO GPU-h (200 steps) | GRPO step: rollout + train s |",
+             "|---|---|---|---|---|"]
+    for name in ("qwen3-4b-instruct-2507", "qwen3-8b", "qwen3-30b-a3b"):
+        for n in NODES:
+            r = cost.cost_row(name, n, MODELS_DIR)
+            lines.append(f"| {name} | {n} | {r.sft_gpu_h:.2f} + {r.rft_data_gpu_h:.1f} + {r.rft_gpu_h:.2f} | "
+                         f"{r.grpo_gpu_h:.0f} | {r.grpo_step_rollout_s:.0f} + {r.grpo_step_train_s:.0f} |")
+    return lines
+
+
+def recipe_block() -> list[str]:
+    """RECIPE=qwen3-8b-tau2: the settings it sets, and where it departs from the protocol (what its dry run says)."""
+    r = RECIPES["qwen3-8b-tau2"]
+    return [f"`RECIPE={r.name}` sets `MODEL={r.model}` and " + ", ".join(f"`{k}={v}`" for k, v in r.settings.items())
+            + ". Where it differs:", "", *(f"- {d}" for d in r.differs)]
+
+
+BLOCKS = {"presets": presets_table, "sizing": sizing_table, "cost": cost_block, "cost_summary": cost_summary,
+          "recipe": recipe_block}
 
 
 def block(name: str) -> str:

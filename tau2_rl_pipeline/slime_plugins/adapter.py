@@ -308,7 +308,7 @@ def generate_rollout_fully_async(args, rollout_id: int, data_buffer, evaluation:
     """slime's fully asynchronous rollout (`--rollout-function-path` for scripts/train_grpo.sh's async mode), which
     also stops on an abort storm: slime's worker logs and drops a group whose generate raised, so without this the
     run would wait for groups that never come. Its groups come back with metrics (the aborted count is 0: slime's
-    worker sends a group holding an aborted sample back to its buffer), which batch.log_rollout adds to."""
+    worker sends a group holding an aborted sample back to its buffer), which rollout_log.py adds to."""
     slime = _slime()
     if evaluation:
         return slime.fully_async_rollout(args, rollout_id, data_buffer, evaluation=True)

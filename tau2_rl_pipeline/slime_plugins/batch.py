@@ -1,7 +1,6 @@
 """What of a rollout reaches slime's batch and its logs: aborted episodes take no slot and pull no reward down.
 
     --dynamic-sampling-filter-path      tau2_rl_pipeline.slime_plugins.batch.filter_groups     (always, synchronous GRPO)
-    --custom-rollout-log-function-path  tau2_rl_pipeline.slime_plugins.batch.log_rollout       (always)
 
 An episode aborts for reasons that are not the model's (a server failing after its retries). slime 624b824 would
 still fill a batch slot with a group whose samples all aborted (it finishes fast: with over-sampling and no filter it
@@ -18,8 +17,8 @@ wins the race against a healthy group, which slime then drops) and would log its
   (RolloutManager._convert_samples_to_train_data, then train_metric_utils.log_rollout_data: rollout/raw_reward),
   and a value equal to the others' mean leaves their mean as it is, i.e. the logged mean is over scored episodes
   only. The sample's own books still say aborted (status, `episode_status`, an all-0 mask, reward 0.0, advantage 0).
-- `log_rollout` counts the aborted apart: rollout/aborted_samples and rollout/aborted_fraction join slime's own
-  rollout log (it returns False, so slime's logging goes on with them).
+- `aborted_metrics` counts the aborted apart: rollout/aborted_samples and rollout/aborted_fraction, which the
+  project's rollout log function (rollout_log.py) adds to slime's own rollout log row.
 """
 
 from __future__ import annotations
@@ -66,11 +65,3 @@ def aborted_metrics(samples) -> dict[str, float]:
     """How many of a rollout's samples aborted, apart from the scored ones."""
     aborted = sum(not _scored(s) for s in samples)
     return {"rollout/aborted_samples": aborted, "rollout/aborted_fraction": aborted / len(samples) if samples else 0.0}
-
-
-def log_rollout(rollout_id, args, samples, rollout_extra_metrics, rollout_time) -> bool:
-    """slime's custom rollout log: adds the aborted counts to the metrics slime is about to log (the dict its
-    RolloutManager passes, copied into its log right after this returns) and lets slime's own logging run."""
-    if rollout_extra_metrics is not None:
-        rollout_extra_metrics.update(aborted_metrics(samples))
-    return False

@@ -9,7 +9,8 @@ its default logging: one dict of the rollout function's extra metrics plus compu
 keys, logged to wandb / tensorboard at rollout/step. The monitors go into that extra-metrics dict, so they land
 in that same row as rollout/monitor/*. A rollout function that returns a bare list (slime's fully asynchronous
 rollout) leaves slime no such dict: then they are logged with slime's own logging_utils.log at the same
-rollout/step. Each sample's monitors come from our generate (adapter.py, sample.metadata["monitors"]).
+rollout/step. Each sample's monitors come from our generate (adapter.py, sample.metadata["monitors"]); beside
+them, the rollout's aborted samples, counted apart (batch.py: rollout/aborted_samples, rollout/aborted_fraction).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 
 from tau2_rl_pipeline.benchmark.monitors import batch_monitors
 from tau2_rl_pipeline.metrics import is_success
+from tau2_rl_pipeline.slime_plugins.batch import aborted_metrics
 
 PREFIX = "rollout/monitor/"
 
@@ -35,7 +37,7 @@ def rollout_metrics(samples: list) -> dict[str, float]:
 def log_rollout_data(rollout_id: int, args: Any, samples: list, rollout_extra_metrics: dict | None,
                      rollout_time: float) -> bool:
     """slime's custom rollout log function: add the monitors to slime's own log row; False = slime logs on."""
-    metrics = rollout_metrics(samples)
+    metrics = {**rollout_metrics(samples), **aborted_metrics(samples)}
     if rollout_extra_metrics is not None:
         rollout_extra_metrics.update(metrics)
     elif metrics:

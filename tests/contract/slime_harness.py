@@ -20,7 +20,7 @@ import contract_tier  # noqa: F401  (slime, Megatron-LM and the SGLang double on
 GENERATE = "tau2_rl_pipeline.slime_plugins.adapter.generate"
 POST_PROCESS = "tau2_rl_pipeline.slime_plugins.adapter.reward_post_process"
 FILTER = "tau2_rl_pipeline.slime_plugins.batch.filter_groups"
-LOG = "tau2_rl_pipeline.slime_plugins.batch.log_rollout"
+LOG = "tau2_rl_pipeline.slime_plugins.rollout_log.log_rollout_data"
 
 
 @functools.lru_cache(maxsize=None)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -22,13 +23,23 @@ from test_stage_argv import program_of
 from tau2_rl_pipeline.scale.presets import PRESETS, layout_for
 
 HERE = Path(__file__).resolve().parent
+# Several nodes need the scripts' cluster placement (scripts/cluster.sh: NUM_NODES, RAY_ADDRESS, ...).
+MULTI_NODE = (HERE.parents[1] / "scripts" / "cluster.sh").is_file()
 NODE_COUNTS = (1, 2, 4)
 PER_NODE = 4  # TAU2_GPU_LAYOUT=8: 4 policy GPUs a node
 
 
 def multi_node_env(nodes: int) -> dict[str, str]:
-    """A dry run on `nodes` nodes: a cluster that is already up (the joined-cluster path of scripts/cluster.sh)."""
-    return {} if nodes == 1 else {"NUM_NODES": str(nodes), "RAY_ADDRESS": "http://127.0.0.1:8265"}
+    """A dry run on `nodes` nodes: a cluster that is already up (scripts/cluster.sh's joined-cluster path, with the
+    interfaces it asks for and a user simulator every node reaches)."""
+    return {} if nodes == 1 else {"NUM_NODES": str(nodes), "RAY_ADDRESS": "http://10.0.0.1:8265",
+                                  "GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo",
+                                  "TAU2_USER_API_BASE": "http://10.0.0.1:30100/v1"}
+
+
+def async_world(nodes: int) -> int:
+    """Asynchronous GRPO's training GPUs: half of one node's policy GPUs, or half the nodes (whole nodes)."""
+    return PER_NODE // 2 if nodes == 1 else nodes // 2 * PER_NODE
 
 
 def accepted() -> dict[str, tuple[str, dict[str, str], int]]:
@@ -36,8 +47,13 @@ def accepted() -> dict[str, tuple[str, dict[str, str], int]]:
     out = {}
     for model in PRESETS:
         for nodes in NODE_COUNTS:
+            env = {"MODEL": model, **multi_node_env(nodes)}
             for script in ("train_sft.sh", "train_grpo.sh"):
-                out[f"{script}@{model}x{nodes}"] = (script, {"MODEL": model, **multi_node_env(nodes)}, nodes * PER_NODE)
+                out[f"{script}@{model}x{nodes}"] = (script, env, nodes * PER_NODE)
+            if layout_for(PRESETS[model], async_world(nodes)) is not None:
+                out[f"train_grpo.sh-async@{model}x{nodes}"] = ("train_grpo.sh", {**env, "GRPO_ASYNC": "1"},
+                                                               async_world(nodes))
+        out[f"start_policy_server.sh@{model}"] = ("start_policy_server.sh", {"MODEL": model}, PER_NODE)
     for layout, world in (("2", 1), ("4", 2)):
         for script in ("train_sft.sh", "train_grpo.sh"):
             out[f"{script}@qwen3-1.7b/layout{layout}"] = (script, {"MODEL": "qwen3-1.7b", "TAU2_GPU_LAYOUT": layout},
@@ -65,30 +81,34 @@ REFUSED = {
 }
 
 
-def slime_jobs(result, name: str) -> list[dict]:
+def jobs_of(result, name: str) -> list[dict]:
+    """The slime job or SGLang server a dry run launches, as parse_argv.py takes it."""
     jobs = []
     for cmd in result.commands:
         found = program_of(cmd)
-        if found is not None and found[0] in ("train.py", "train_async.py"):
-            jobs.append({"program": "slime", "entry": found[0], "argv": found[1], "env": found[2], "name": name})
+        if found is not None and found[0] in ("train.py", "train_async.py", "sglang.launch_server"):
+            program = "sglang.launch_server" if found[0] == "sglang.launch_server" else "slime"
+            jobs.append({"program": program, "entry": found[0], "argv": found[1], "env": found[2], "name": name})
     return jobs
 
 
 def parse_all(base: Path) -> dict[str, dict]:
     """name -> {"args"/"error"/"unknown" of slime's parse_args, "stderr" of the dry run, "refused": stopped rc}."""
     (base / "out/checkpoints/rft").mkdir(parents=True)  # the KL reference slime's validation looks for
-    jobs, out = [], {}
-    for name, (script, env, _) in accepted().items():
-        result = run_script(script, base, **env)
-        assert result.rc == 0, (name, result.text)
-        jobs += slime_jobs(result, name)
-        out[name] = {"stderr": result.stderr}
+    runs = {name: (script, env) for name, (script, env, _) in accepted().items() if "NUM_NODES" not in env or MULTI_NODE}
     for name, (script, env, _, _) in REFUSED.items():
-        stopped = run_script(script, base, **env)
-        forced = run_script(script, base, **env, SIZING_FORCE="1")
-        assert forced.rc == 0, (name, forced.text)
-        jobs += slime_jobs(forced, name)
-        out[name] = {"stderr": forced.stderr, "refused_rc": stopped.rc, "refused_stderr": stopped.stderr}
+        runs[f"{name}/stopped"], runs[name] = (script, env), (script, {**env, "SIZING_FORCE": "1"})
+    with ThreadPoolExecutor(max_workers=4) as pool:  # dry runs are processes: a few at once
+        results = dict(zip(runs, pool.map(lambda run: run_script(run[0], base, **run[1]), runs.values())))
+    jobs, out = [], {}
+    for name, result in results.items():
+        if name.endswith("/stopped"):
+            continue
+        assert result.rc == 0, (name, result.text)
+        jobs += jobs_of(result, name)
+        out[name] = {"stderr": result.stderr}
+        if name in REFUSED:
+            out[name].update(refused_rc=results[f"{name}/stopped"].rc, refused_stderr=results[f"{name}/stopped"].stderr)
     (base / "jobs.json").write_text(json.dumps(jobs))
     proc = subprocess.run([sys.executable, str(HERE / "parse_argv.py"), str(base / "jobs.json"), str(base / "out.json")],
                           capture_output=True, text=True, timeout=600, check=False)
@@ -110,14 +130,23 @@ def actor_nodes(entry: dict) -> int:
 @pytest.mark.parametrize("name", sorted(accepted()))
 def test_every_preset_layout_parses_as_the_preset_says(parsed: dict[str, dict], name: str) -> None:
     script, env, world = accepted()[name]
-    entry = parsed[name]
     nodes = int(env.get("NUM_NODES", "1"))
-    if nodes > 1 and "--actor-num-nodes" in entry["argv"] and entry["argv"][entry["argv"].index("--actor-num-nodes") + 1] == "1":
+    if nodes > 1 and not MULTI_NODE:
         pytest.skip("the stage scripts in this tree place slime on one node (multi-node placement: scripts/cluster.sh)")
+    entry = parsed[name]
     assert entry["error"] is None and entry["unknown"] == [], (entry["error"], entry["unknown"])
     args = entry["args"]
     par = layout_for(PRESETS[env["MODEL"]], world)
-    assert actor_nodes(entry) == nodes and args["world_size"] == world
+    if script == "start_policy_server.sh":  # SGLang's own parser: the preset's engine size, DP over the rest
+        assert (args["tp_size"], args["dp_size"]) == (par.engine_gpus, PER_NODE // par.engine_gpus)
+        assert "SGLang" in entry["stderr"] and f"sizing {env['MODEL']}:" in entry["stderr"]
+        return
+    if env.get("GRPO_ASYNC"):
+        assert entry["entry"] == "train_async.py" and args["colocate"] is False
+        assert args["rollout_num_gpus"] == nodes * PER_NODE - world
+    else:
+        assert actor_nodes(entry) == nodes
+    assert args["world_size"] == world
     assert (args["tensor_model_parallel_size"], args["pipeline_model_parallel_size"], args["context_parallel_size"],
             args["expert_model_parallel_size"]) == (par.tp, par.pp, par.cp, par.ep)
     assert args["sequence_parallel"] is (par.tp > 1)
@@ -126,7 +155,15 @@ def test_every_preset_layout_parses_as_the_preset_says(parsed: dict[str, dict], 
     assert f"sizing {env['MODEL']}:" in entry["stderr"]  # the dry run printed the sheet
     if script == "train_grpo.sh":
         assert args["rollout_num_gpus_per_engine"] == par.engine_gpus
-        assert args["sglang_mem_fraction_static"] == par.mem_fraction and args["rollout_num_gpus"] == world
+        assert args["sglang_mem_fraction_static"] == par.mem_fraction
+        assert env.get("GRPO_ASYNC") or args["rollout_num_gpus"] == world  # colocated: every training GPU
+
+
+@pytest.mark.parametrize("model", [m for m in PRESETS if layout_for(PRESETS[m], async_world(1)) is None])
+def test_async_grpo_on_one_node_refuses_a_model_its_half_cannot_hold(tmp_path: Path, model: str) -> None:
+    result = run_script("train_grpo.sh", tmp_path, MODEL=model, GRPO_ASYNC="1")
+    errors = [line for line in result.stderr.splitlines() if "error:" in line]
+    assert result.rc == 1 and len(errors) == 1 and f"MODEL={model} has no layout for 2 training GPU(s)" in errors[0]
 
 
 @pytest.mark.parametrize("name", sorted(REFUSED))

@@ -172,7 +172,9 @@ def placed_nodes(args: argparse.Namespace) -> tuple[list[str], list[str]]:
 
 
 def slime_args(argv: list[str]) -> argparse.Namespace:
-    got = flags(argv)
+    """slime's placement arguments from the job's argv (the other flags are the stage tests' business)."""
+    placement = ("--actor-num-nodes", "--actor-num-gpus-per-node", "--rollout-num-gpus", "--colocate")
+    got = flags([tok for i, tok in enumerate(argv) if tok in placement or (i and argv[i - 1] in placement[:3])])
     actor_nodes, per_node = int(got["--actor-num-nodes"]), int(got["--actor-num-gpus-per-node"])
     colocate = "--colocate" in got
     rollout = actor_nodes * per_node if colocate else int(got["--rollout-num-gpus"])  # slime's default when colocated

@@ -133,7 +133,7 @@ def test_grpo_parses_as_meant(parsed: dict[str, list[dict]], layout: str) -> Non
     # partial rollout, the old-weight mask and TIS in the synchronous mode too; aborted groups filtered, always
     assert args["use_tis"] is args["partial_rollout"] is args["mask_offpolicy_in_partial_rollout"] is True
     assert args["dynamic_sampling_filter_path"] == "tau2_rl_pipeline.slime_plugins.batch.filter_groups"
-    assert args["custom_rollout_log_function_path"] == "tau2_rl_pipeline.slime_plugins.batch.log_rollout"
+    assert args["custom_rollout_log_function_path"] == "tau2_rl_pipeline.slime_plugins.rollout_log.log_rollout_data"
 
 
 @pytest.mark.parametrize("layout", ["8", "4"])
