@@ -20,7 +20,7 @@ from typing import Any
 
 from eval.compare import NotComparable, compare_runs, verdict_lines
 from eval.episodes_file import EpisodesFileError, atomic_write_text, read_episodes
-from tau2_rl_pipeline.config import CommandParser
+from tau2_rl_pipeline.config import CommandParser, HelpFormatter
 
 SUMMARY_FORMAT = "tau2_rl_pipeline.eval_passk/1"
 
@@ -63,7 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = CommandParser(prog="tau2-rl-compare", usage="%(prog)s [options] A.json B.json",
                       description="Is run B better than run A? A paired comparison of two evaluator runs over "
                                   "the same tasks.",
-                      epilog="Both runs must share benchmark, tasks, user simulator and sampling settings.")
+                      epilog="Both runs must share benchmark, tasks, user simulator and sampling settings.",
+                      formatter_class=HelpFormatter)  # every command answers --help-all too
     p.add_argument("run_a", type=Path, help="summary JSON of run A (the baseline), e.g. outputs/eval/rft.json")
     p.add_argument("run_b", type=Path, help="summary JSON of run B (the candidate), e.g. outputs/eval/grpo.json")
     p.add_argument("--names", default=None, help="two names for the verdict lines, e.g. RFT,GRPO (default: A,B)")

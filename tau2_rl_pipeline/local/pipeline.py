@@ -27,6 +27,8 @@ from dataclasses import asdict
 from functools import partial
 from pathlib import Path
 
+from typing import TYPE_CHECKING
+
 from rich.console import Console
 
 from tau2_rl_pipeline.benchmark import judge
@@ -40,7 +42,6 @@ from tau2_rl_pipeline.benchmark.tau2_version import (
 )
 from tau2_rl_pipeline.config import ConfigError, Tau2Config, add_config_args, command_parser, config_from_args
 from tau2_rl_pipeline.files import atomic_write_bytes
-from tau2_rl_pipeline.learning.oracle_demos import oracle_demonstrations
 from tau2_rl_pipeline.local.demo_report import (
     ALGORITHMS,
     grpo_summary,
@@ -51,10 +52,10 @@ from tau2_rl_pipeline.local.demo_report import (
     summary_lines,
     write_charts,
 )
-from tau2_rl_pipeline.local.grpo import GrpoSettings, difficulty_task_ids, grpo_stage
 from tau2_rl_pipeline.local.stage_book import SKIP, StageBook, StaleOutputError
-from tau2_rl_pipeline.local.trainer import SFT_SAVE_EVERY_S, LocalTrainer, TrainConfig, sft_example_from_chat
-from tau2_rl_pipeline.selection.rft import select_rft
+
+if TYPE_CHECKING:
+    from tau2_rl_pipeline.local.trainer import TrainConfig
 
 DEMO_MAX_TURNS = 8  # unless --max-turns or TAU2_MAX_TURNS say otherwise: mock tasks take 2-3 policy turns
 DEMO_TASK_SAMPLER = "learning_value"  # unless --task-sampler or TAU2_TASK_SAMPLER say otherwise (see main)
@@ -98,6 +99,8 @@ def prepare_model(args, out: Path) -> Path:
 
 
 def train_config(args, out: Path, lr: float, epochs: int = 1) -> TrainConfig:
+    from tau2_rl_pipeline.local.trainer import TrainConfig
+
     return TrainConfig(log_jsonl=out / "metrics.jsonl", lr=lr, epochs=epochs, device=args.device, seed=args.seed,
                        micro_batch_size=args.micro_batch_size, grad_accum_steps=1, weight_decay=0.0,
                        wandb_project=args.wandb_project)
@@ -109,6 +112,8 @@ def resume_dir(dest: Path) -> Path:
 
 
 def sft_stage(args, start: Path, rows: list[dict], dest: Path, out: Path, lr: float, epochs: int) -> dict:
+    from tau2_rl_pipeline.local.trainer import LocalTrainer, sft_example_from_chat
+
     if dest.exists():  # saved by a run stopped before it recorded the result: trained again for its numbers
         shutil.rmtree(dest)
     trainer = LocalTrainer(start, train_config(args, out, lr, epochs))
@@ -168,6 +173,7 @@ def eval_files(out: Path, name: str) -> list[Path]:
 def rft_stage(args, sft_dir: Path, out: Path, split: str) -> tuple[list[dict], dict]:
     """Sample N episodes per training task from the SFT model (the evaluator's machinery), keep the successes."""
     from eval.episodes_file import read_episodes
+    from tau2_rl_pipeline.selection.rft import select_rft
 
     summary = evaluate_stage(args, sft_dir, out, "rft-sampling", args.rft_samples, args.rft_temperature, split,
                              output_name="rft_samples")
@@ -263,6 +269,10 @@ def run_benchmark(domain: str, split: str, eval_split: str, retrieval_variant: s
 def run_stages(args, cfg: Tau2Config, split: str, eval_split: str, benchmark: dict[str, str]) -> dict:
     """Every stage in order, each skipped, resumed or redone as its record says; returns the report. Outputs of
     another tau2 version or task set are refused (BenchmarkMismatch) before anything is written."""
+    # The training stack (torch, tau2's orchestrator, litellm) loads here, not at import: --help answers at once.
+    from tau2_rl_pipeline.learning.oracle_demos import oracle_demonstrations
+    from tau2_rl_pipeline.local.grpo import GrpoSettings, difficulty_task_ids, grpo_stage
+
     out = args.out
     book = StageBook(out, benchmark)
     settings = stage_settings(args, cfg, split, eval_split)
@@ -382,6 +392,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {e}", file=sys.stderr)
         return e.returncode
     except KeyboardInterrupt:
+        from tau2_rl_pipeline.local.trainer import SFT_SAVE_EVERY_S
+
         print(f"interrupted: finished stages, evaluation episodes, GRPO steps and SFT/RFT training (saved every "
               f"{SFT_SAVE_EVERY_S:.0f} s) are kept in {args.out}; rerun the same command to resume", file=sys.stderr)
         return 130
