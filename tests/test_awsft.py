@@ -18,7 +18,8 @@ from tau2_rl_pipeline.learning import awsft
 from tau2_rl_pipeline.learning.curriculum import CurriculumTracker
 from tau2_rl_pipeline.learning.losses import awsft_loss, local_awsft_loss, low_var_kl
 from tau2_rl_pipeline.learning.reward import post_process
-from tau2_rl_pipeline.local.trainer import LocalTrainer, TrainConfig, TrainExample
+from tau2_rl_pipeline.local.examples import TrainExample
+from tau2_rl_pipeline.local.trainer import LocalTrainer, TrainConfig
 
 
 def formula_weight(a: float) -> float:

@@ -9,8 +9,18 @@ import pytest
 
 from tau2_rl_pipeline.scale import cli
 from tau2_rl_pipeline.scale.presets import DEFAULT_MODEL, PRESETS, RECIPES, defaults, layout_for
-from tau2_rl_pipeline.scale.sizing import (ENGINE_RESERVE, GIB, GPU_BYTES, MIN_KV_TOKENS, Layout, Model, Work,
-                                           model_args_from_file, size, tokens_per_episode)
+from tau2_rl_pipeline.scale.sizing import (
+    ENGINE_RESERVE,
+    GIB,
+    GPU_BYTES,
+    MIN_KV_TOKENS,
+    Layout,
+    Model,
+    Work,
+    model_args_from_file,
+    size,
+    tokens_per_episode,
+)
 
 MODELS = Path(__file__).resolve().parents[1] / "scripts" / "models"
 

@@ -25,14 +25,8 @@ from tau2_rl_pipeline.benchmark.tasks import get_task, load_tasks
 from tau2_rl_pipeline.benchmark.users import ScriptedUser, opening_request
 from tau2_rl_pipeline.config import Tau2Config
 from tau2_rl_pipeline.learning.losses import gather_logprobs, grpo_loss, low_var_kl, merge_metrics, sft_loss
-from tau2_rl_pipeline.local.trainer import (
-    LocalTrainer,
-    TrainConfig,
-    TrainExample,
-    examples_from_trajectory,
-    sft_example_from_chat,
-    token_logprobs,
-)
+from tau2_rl_pipeline.local.examples import TrainExample, examples_from_trajectory, sft_example_from_chat
+from tau2_rl_pipeline.local.trainer import LocalTrainer, TrainConfig, token_logprobs
 from tau2_rl_pipeline.rollout.engines import SamplingParams, TransformersEngine
 from tau2_rl_pipeline.rollout.episode_loop import run_episode
 

@@ -34,7 +34,8 @@ from tau2_rl_pipeline.learning.awsft import BASELINE_KEY
 from tau2_rl_pipeline.learning.curriculum import STATE_FILE, CurriculumTracker
 from tau2_rl_pipeline.learning.judge_reward import JudgeClient, judge_trajectory
 from tau2_rl_pipeline.learning.reward import post_process, task_key
-from tau2_rl_pipeline.local.trainer import LocalTrainer, TrainConfig, examples_from_trajectory
+from tau2_rl_pipeline.local.examples import examples_from_trajectory
+from tau2_rl_pipeline.local.trainer import LocalTrainer, TrainConfig
 from tau2_rl_pipeline.metrics import is_success
 from tau2_rl_pipeline.rollout.engines import SamplingParams, TransformersEngine
 from tau2_rl_pipeline.rollout.episode_loop import ABORTED, run_episode

@@ -26,7 +26,6 @@ import time
 from dataclasses import asdict
 from functools import partial
 from pathlib import Path
-
 from typing import TYPE_CHECKING
 
 from rich.console import Console
@@ -112,7 +111,8 @@ def resume_dir(dest: Path) -> Path:
 
 
 def sft_stage(args, start: Path, rows: list[dict], dest: Path, out: Path, lr: float, epochs: int) -> dict:
-    from tau2_rl_pipeline.local.trainer import LocalTrainer, sft_example_from_chat
+    from tau2_rl_pipeline.local.examples import sft_example_from_chat
+    from tau2_rl_pipeline.local.trainer import LocalTrainer
 
     if dest.exists():  # saved by a run stopped before it recorded the result: trained again for its numbers
         shutil.rmtree(dest)

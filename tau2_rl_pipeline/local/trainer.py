@@ -28,8 +28,7 @@ import random
 import shutil
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -45,99 +44,10 @@ from tau2_rl_pipeline.learning.losses import (
     merge_metrics,
     sft_loss,
 )
+from tau2_rl_pipeline.local.examples import Batch, TrainExample, collate
+from tau2_rl_pipeline.local.train_log import MetricsSink, progress
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-
-
-@dataclass
-class TrainExample:
-    """One sequence with per-token arrays aligned to `input_ids` (index i is about predicting token i)."""
-
-    input_ids: list[int]
-    loss_mask: list[int]  # 1 = a target token (the policy's own), 0 = context (prompt, observations)
-    advantage: float = 0.0  # GRPO: the sequence's advantage, applied to each of its mask-1 tokens
-    weight: float = 1.0  # AWSFT: the sequence's weight (learning/awsft.py), applied to each of its mask-1 tokens
-    old_logprobs: list[float] | None = None  # GRPO: rollout log-probs (0 where mask 0); None = on-policy
-
-    def __post_init__(self) -> None:
-        n = len(self.input_ids)
-        if n < 2:
-            raise ValueError(f"a training sequence needs at least 2 tokens, got {n}")
-        if len(self.loss_mask) != n:
-            raise ValueError(f"loss_mask has {len(self.loss_mask)} entries for {n} input ids")
-        if any(m not in (0, 1) for m in self.loss_mask):
-            raise ValueError("loss_mask must hold only 0 and 1")
-        if self.loss_mask[0]:
-            raise ValueError("loss_mask[0] must be 0: nothing precedes the first token to predict it")
-        if self.old_logprobs is not None and len(self.old_logprobs) != n:
-            raise ValueError(f"old_logprobs has {len(self.old_logprobs)} entries for {n} input ids")
-        if not math.isfinite(self.advantage):
-            raise ValueError(f"advantage must be finite, got {self.advantage}")
-        if not (math.isfinite(self.weight) and self.weight >= 0):
-            raise ValueError(f"weight must be a finite number >= 0, got {self.weight}")
-
-    @property
-    def num_targets(self) -> int:
-        return sum(self.loss_mask)
-
-
-def examples_from_trajectory(prompt_ids: Sequence[int], response_ids: Sequence[int], loss_mask: Sequence[int],
-                             rollout_logprobs: Sequence[float] | None, advantage: float,
-                             weight: float = 1.0) -> TrainExample:
-    """A rollout's books (slime's Sample layout: mask and log-probs cover the response only) as one example."""
-    if len(loss_mask) != len(response_ids):
-        raise ValueError(f"loss_mask has {len(loss_mask)} entries for {len(response_ids)} response ids")
-    if rollout_logprobs is not None and len(rollout_logprobs) != len(response_ids):
-        raise ValueError(f"rollout_logprobs has {len(rollout_logprobs)} entries for {len(response_ids)} response ids")
-    pad = [0] * len(prompt_ids)
-    return TrainExample(
-        input_ids=list(prompt_ids) + list(response_ids), loss_mask=pad + list(loss_mask), advantage=float(advantage),
-        weight=float(weight),
-        old_logprobs=None if rollout_logprobs is None else [0.0] * len(pad) + [float(x) for x in rollout_logprobs])
-
-
-def sft_example_from_chat(tokenizer: Any, chat: list[dict], tools: list[dict] | None = None) -> TrainExample:
-    """A demonstration as one example: mask 1 exactly on each assistant turn's text and its end-of-turn token.
-
-    Spans come from rendering prefixes with the chat template: an assistant turn starts where the prefix before
-    it plus the generation prompt ends, and stops after the end-of-turn token that rendering it appends. The
-    header, the newline after the end-of-turn token, and system/user/tool turns stay 0. The newline is the one
-    documented decision (tau2_rl_pipeline/slime_plugins/sft.py): never a target, since the policy never samples it
-    (rollouts stop at <|im_end|>); slime's qwen3 loss mask trains it, so the scripts run slime's SFT through
-    slime_plugins.sft, which clears it, and slime's mask then equals this one token for token (tests/contract).
-    Each span is tokenized on its own, exactly as a rollout keeps its books (prompt encoded once, sampled turns
-    as sampled, observations as template deltas), so SFT trains on the token sequences GRPO sees.
-    Trailing observations after the last assistant turn are dropped: nothing after them is a target. An
-    assistant message with `"step_loss_mask": 0` (slime's per-message switch; sft_data marks the fixed greeting
-    and rejected completions so) stays in the context and is not a target.
-    """
-    from tau2_rl_pipeline.benchmark.prompting import render  # imports tau2 and litellm (seconds): only this needs them
-
-    end = tokenizer.eos_token
-    if not end:
-        raise ValueError("the tokenizer has no eos_token to end assistant turns with")
-    full = render(tokenizer, chat, tools, add_generation_prompt=False)
-    bounds = [0]
-    trainable: list[int] = []
-    for k, message in enumerate(chat):
-        if message.get("role") != "assistant":
-            continue
-        trainable.append(1 if message.get("step_loss_mask", 1) else 0)
-        head = render(tokenizer, chat[:k], tools, add_generation_prompt=True)
-        upto = render(tokenizer, chat[:k + 1], tools, add_generation_prompt=False)
-        stop = upto.rfind(end)
-        if not (full.startswith(upto) and upto.startswith(head) and stop >= len(head)):
-            raise ValueError(f"the chat template does not render turn {k} as a prefix of the whole chat")
-        bounds += [len(head), stop + len(end)]
-    if not any(trainable):
-        raise ValueError("the chat has no trainable assistant turn: nothing to learn from")
-    ids: list[int] = []
-    mask: list[int] = []
-    for i in range(len(bounds) - 1):
-        piece = tokenizer.encode(full[bounds[i]:bounds[i + 1]], add_special_tokens=False)
-        ids += piece
-        mask += [trainable[i // 2] if i % 2 else 0] * len(piece)  # odd segments are assistant turns
-    return TrainExample(input_ids=ids, loss_mask=mask)
 
 
 SFT_SAVE_EVERY_S = 30.0  # LocalTrainer.sft with resume_dir: at most this much training lost to Ctrl-C
@@ -202,95 +112,8 @@ def token_logprobs(model: Any, input_ids: torch.Tensor, attention_mask: torch.Te
     return torch.cat([pad, logprobs], 1), None if entropy is None else torch.cat([pad, entropy], 1)
 
 
-@dataclass
-class _Batch:
-    input_ids: torch.Tensor
-    attention_mask: torch.Tensor
-    loss_mask: torch.Tensor
-    old_logprobs: torch.Tensor
-    has_old: torch.Tensor  # [batch, 1] bool: rows without rollout log-probs are scored on-policy
-    advantages: torch.Tensor  # [batch, 1]
-    weights: torch.Tensor  # [batch, 1]
-
-
-def _collate(examples: Sequence[TrainExample], pad_id: int, device: torch.device) -> _Batch:
-    """Right-padded tensors; padding has attention 0 and mask 0 (causal attention keeps real tokens unaffected)."""
-    width = max(len(e.input_ids) for e in examples)
-
-    def rows(get: Callable[[TrainExample], list], fill: float, dtype: torch.dtype) -> torch.Tensor:
-        padded = [get(e) + [fill] * (width - len(e.input_ids)) for e in examples]
-        return torch.tensor(padded, dtype=dtype, device=device)
-
-    return _Batch(
-        input_ids=rows(lambda e: list(e.input_ids), pad_id, torch.long),
-        attention_mask=rows(lambda e: [1] * len(e.input_ids), 0, torch.long),
-        loss_mask=rows(lambda e: list(e.loss_mask), 0, torch.float32),
-        old_logprobs=rows(lambda e: list(e.old_logprobs or [0.0] * len(e.input_ids)), 0.0, torch.float32),
-        has_old=torch.tensor([[e.old_logprobs is not None] for e in examples], device=device),
-        advantages=torch.tensor([[e.advantage] for e in examples], dtype=torch.float32, device=device),
-        weights=torch.tensor([[e.weight] for e in examples], dtype=torch.float32, device=device))
-
-
 def _chunks(items: Sequence[Any], size: int) -> list[Sequence[Any]]:
     return [items[i:i + size] for i in range(0, len(items), size)]
-
-
-@contextmanager
-def _progress(description: str, total: int, done: int = 0) -> Iterator[Callable[..., None]]:
-    """A rich progress bar on a terminal; yields advance(status). Nests under a caller's own bar (rich >= 14).
-    When stderr is not a terminal (a log file, CI) a bar shows nothing until it ends: one line per step instead."""
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    if not Console(stderr=True).is_terminal:
-        t0 = time.perf_counter()
-
-        def log_line(status: str = "") -> None:
-            nonlocal done
-            done += 1
-            print(f"{description} {done}/{total} {status} ({time.perf_counter() - t0:.1f}s)".replace("  ", " "),
-                  file=sys.stderr, flush=True)
-
-        yield log_line
-        return
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  TextColumn("{task.fields[status]}")) as bar:
-        task = bar.add_task(description, total=total, completed=done, status="")
-        yield lambda status="": bar.update(task, advance=1, status=status)
-
-
-class MetricsSink:
-    """Appends one JSON object per line to a local file (opened per record, so a crash keeps every finished
-    step and nothing needs closing) and mirrors the numbers to wandb when a project is given. wandb is optional
-    and never a dependency."""
-
-    def __init__(self, path: str | Path, wandb_project: str | None = None, config: dict | None = None) -> None:
-        self._run = _start_wandb(wandb_project, config or {}) if wandb_project else None
-        self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-
-    def write(self, record: dict[str, Any]) -> None:
-        with self.path.open("a", encoding="utf-8") as f:
-            f.write(json.dumps(record, sort_keys=True) + "\n")
-        if self._run is not None:
-            numbers = {k: v for k, v in record.items() if isinstance(v, (int, float)) and k != "step"}
-            self._run.log(numbers, step=record["step"])
-
-    def close(self) -> None:
-        """Finish the wandb run (the JSONL file needs nothing)."""
-        if self._run is not None:
-            self._run.finish()
-
-
-def _start_wandb(project: str, config: dict) -> Any:
-    try:
-        import wandb
-    except ImportError:
-        raise RuntimeError("wandb_project is set but wandb is not installed: pip install wandb, "
-                           "or leave wandb_project unset") from None
-    # Without a key (and no WANDB_MODE chosen) log offline: runs sync later with `wandb sync`, nothing prompts.
-    offline = not os.environ.get("WANDB_API_KEY") and not os.environ.get("WANDB_MODE")
-    return wandb.init(project=project, config=config, mode="offline" if offline else None)
 
 
 class LocalTrainer:
@@ -328,7 +151,7 @@ class LocalTrainer:
         self.sink = MetricsSink(cfg.log_jsonl, cfg.wandb_project, {**asdict(cfg), "log_jsonl": str(cfg.log_jsonl)})
 
     # -- forward passes ---------------------------------------------------------------------------------
-    def _logprobs(self, model: Any, batch: _Batch, *, temperature: float = 1.0,
+    def _logprobs(self, model: Any, batch: Batch, *, temperature: float = 1.0,
                   with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         dtype = DTYPES[self.cfg.dtype]
         with torch.autocast(self.device.type, dtype=dtype, enabled=dtype != torch.float32):
@@ -343,17 +166,17 @@ class LocalTrainer:
         nll = 0.0
         self.model.eval()
         # named for what it is: a loss pass over the training examples, not the Pass@K evaluation
-        with torch.no_grad(), _progress(f"loss over {len(examples)} examples (no update)",
+        with torch.no_grad(), progress(f"loss over {len(examples)} examples (no update)",
                                         math.ceil(len(examples) / self.cfg.micro_batch_size)) as advance:
             for chunk in _chunks(examples, self.cfg.micro_batch_size):
-                batch = _collate(chunk, self.pad_id, self.device)
+                batch = collate(chunk, self.pad_id, self.device)
                 nll += float(sft_loss(self._logprobs(self.model, batch)[0], batch.loss_mask, num_tokens=total)[0])
                 advance()
         self.model.train()
         return nll
 
     # -- optimizer steps ----------------------------------------------------------------------------------
-    def _optimizer_step(self, examples: Sequence[TrainExample], micro_loss: Callable[[_Batch, int], tuple],
+    def _optimizer_step(self, examples: Sequence[TrainExample], micro_loss: Callable[[Batch, int], tuple],
                         advance: Callable[..., None] | None = None) -> dict[str, Any]:
         """Accumulate gradients over micro-batches, each loss divided by the step's total target count, then
         clip and step. A non-finite gradient stops training rather than writing NaN weights."""
@@ -363,7 +186,7 @@ class LocalTrainer:
         self.optimizer.zero_grad(set_to_none=True)
         metrics: dict[str, float] = {}
         for chunk in _chunks(examples, self.cfg.micro_batch_size):
-            loss, part = micro_loss(_collate(chunk, self.pad_id, self.device), num_tokens)
+            loss, part = micro_loss(collate(chunk, self.pad_id, self.device), num_tokens)
             loss.backward()
             metrics = merge_metrics(metrics, part)
             if advance is not None:
@@ -376,7 +199,7 @@ class LocalTrainer:
         return {"step": self.step, **metrics, "grad_norm": grad_norm, "lr": self.optimizer.param_groups[0]["lr"],
                 "tokens": num_tokens, "sequences": len(examples)}
 
-    def _sft_micro_loss(self, batch: _Batch, num_tokens: int) -> tuple[torch.Tensor, dict[str, float]]:
+    def _sft_micro_loss(self, batch: Batch, num_tokens: int) -> tuple[torch.Tensor, dict[str, float]]:
         return sft_loss(self._logprobs(self.model, batch)[0], batch.loss_mask, num_tokens=num_tokens)
 
     def sft(self, examples: Sequence[TrainExample], *, eval_examples: Sequence[TrainExample] | None = None,
@@ -412,7 +235,7 @@ class LocalTrainer:
         records = []
         last_save = time.monotonic()
         done = start_epoch * steps_per_epoch + start_index
-        with _progress("sft", self.cfg.epochs * steps_per_epoch, done) as advance:
+        with progress("sft", self.cfg.epochs * steps_per_epoch, done) as advance:
             for epoch in range(start_epoch, self.cfg.epochs):
                 shuffle_at_epoch_start = self._shuffle.getstate()
                 order = list(examples)
@@ -442,7 +265,7 @@ class LocalTrainer:
                     "shuffle_at_epoch_start": shuffle_state, "step": self.step, "epoch": epoch, "index": index}, tmp)
         os.replace(tmp, path)
 
-    def _grpo_micro_loss(self, batch: _Batch, num_tokens: int, *, num_samples: int
+    def _grpo_micro_loss(self, batch: Batch, num_tokens: int, *, num_samples: int
                          ) -> tuple[torch.Tensor, dict[str, float]]:
         cfg = self.cfg
         logprobs, entropy = self._logprobs(self.model, batch, temperature=cfg.rollout_temperature,
@@ -455,13 +278,13 @@ class LocalTrainer:
                          entropy=entropy if cfg.entropy_coef else entropy.detach(), entropy_coef=cfg.entropy_coef,
                          ref_logprobs=ref, kl_coef=cfg.kl_coef)
 
-    def _reference_logprobs(self, batch: _Batch, temperature: float) -> torch.Tensor | None:
+    def _reference_logprobs(self, batch: Batch, temperature: float) -> torch.Tensor | None:
         if self.reference is None:
             return None
         with torch.no_grad():
             return self._logprobs(self.reference, batch, temperature=temperature)[0]
 
-    def _awsft_micro_loss(self, batch: _Batch, num_tokens: int, *, num_samples: int
+    def _awsft_micro_loss(self, batch: Batch, num_tokens: int, *, num_samples: int
                           ) -> tuple[torch.Tensor, dict[str, float]]:
         # Scored at the rollout temperature, as slime scores every loss (and its reference log-probs).
         temperature = self.cfg.rollout_temperature
@@ -487,7 +310,7 @@ class LocalTrainer:
         if not examples:
             raise ValueError(f"{stage}_step needs at least one example")
         micro_loss = functools.partial(micro_loss, num_samples=len(examples))
-        with _progress(f"{stage} step {self.step + 1}", math.ceil(len(examples) / self.cfg.micro_batch_size)) as advance:
+        with progress(f"{stage} step {self.step + 1}", math.ceil(len(examples) / self.cfg.micro_batch_size)) as advance:
             record = {"stage": stage, **self._optimizer_step(examples, micro_loss, advance),
                       "advantage_mean": sum(e.advantage for e in examples) / len(examples)}
         self.sink.write(record)

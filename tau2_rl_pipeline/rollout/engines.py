@@ -23,8 +23,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import aiohttp
 
-from tau2_rl_pipeline.http_post import (RequestFailed, RetryingPost, backoff_delay,  # noqa: F401 (re-exported)
-                                        split_urls)
+from tau2_rl_pipeline.http_post import RequestFailed, RetryingPost, backoff_delay, split_urls  # noqa: F401 (re-exported)
 from tau2_rl_pipeline.rollout.tokens import TopPSpans
 
 if TYPE_CHECKING:  # torch is an optional dependency (extra "local"): SGLangEngine users need not install it

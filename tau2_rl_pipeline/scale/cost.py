@@ -21,8 +21,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tau2_rl_pipeline.scale.presets import PRESETS, RECIPES, Preset, layout_for
-from tau2_rl_pipeline.scale.sizing import (MEAN_TURNS, PROMPT_TOKENS, TOKENS_PER_TURN, Layout, Model, Work,
-                                           model_args_from_file, size, tokens_per_episode)
+from tau2_rl_pipeline.scale.sizing import (
+    MEAN_TURNS,
+    PROMPT_TOKENS,
+    TOKENS_PER_TURN,
+    Layout,
+    Model,
+    Work,
+    model_args_from_file,
+    size,
+    tokens_per_episode,
+)
 
 # (value, source): "measured: <where>" or "assumed: <why>".
 INPUTS: dict[str, tuple[float, str]] = {

@@ -18,7 +18,7 @@ import pytest
 
 from tau2_rl_pipeline.learning.oracle_demos import oracle_demonstrations
 from tau2_rl_pipeline.learning.seed_data import load_seed
-from tau2_rl_pipeline.local.trainer import sft_example_from_chat
+from tau2_rl_pipeline.local.examples import sft_example_from_chat
 from tau2_rl_pipeline.slime_plugins.sft import generate_rollout, mask_after_end_of_turn
 
 FIXTURE = Path(__file__).resolve().parents[1] / "data" / "seed_fixture.jsonl"
