@@ -172,7 +172,7 @@ def test_the_whole_pipeline_runs_on_tau2_1_0_1_and_records_it(tiny_small_dir: Pa
     assert main(argv) == 2
     assert capsys.readouterr().err.strip().endswith(
         f"was produced with tau2 26.3, this run uses tau2 {VERSION}: results of two tau2 versions are not "
-        "comparable; use another output")
+        "comparable; pass --out DIR to keep it and run this one beside it")
     assert (out / "sft" / "config.json").is_file() and (out / "report.json").is_file()  # nothing removed
 
 

@@ -78,7 +78,7 @@ def test_pipeline_picture_names_every_stage_script(plans: dict, tmp_path: Path) 
     words = {w for t in texts for w in re.split(r"[\s+,:()]+", t)}
     outside = set(scripts_outside(plans["8"], SCRIPTS))
     assert stage_scripts() <= plans["8"].stage_scripts() | outside
-    assert outside <= {"start_judge.sh"}  # a new stage script belongs in pipeline.sh, or here with a reason
+    assert outside <= {"start_judge.sh", "start_router.sh"}  # run by hand when needed: a new stage script belongs in pipeline.sh, or here with a reason
     missing = stage_scripts() - words
     assert not missing, f"not named in the picture: {sorted(missing)}"
     stages = [s.name for s in plans["8"].stages]

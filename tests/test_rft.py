@@ -152,10 +152,10 @@ def test_cli_selects_from_recorded_episodes_and_merges(tmp_path, telecom, capsys
     out = tmp_path / "rft.jsonl"
     assert main(["--episodes", str(episodes), "--merge-with", str(seed), "--out", str(out)]) == 0
     rows = [json.loads(line) for line in out.read_text().splitlines()]
-    assert [r["metadata"]["source"] for r in rows] == ["oracle"] * 6 + ["rft"]  # two mock demos are one
+    assert [r["metadata"]["source"] for r in rows] == ["oracle"] * 7 + ["rft"]  # two mock demos are one
     printed = capsys.readouterr().out
     assert re.search(r"telecom\W+1/1\W+2/4\W+0\.500\W+1\W+0\W+0\W", printed)  # tasks ... aborted
-    assert "wrote 7 rows" in printed and "7 seed rows, 1 duplicates dropped" in printed
+    assert "wrote 8 rows" in printed and "8 seed rows, 1 duplicates dropped" in printed
 
 
 def test_cli_refuses_a_broken_seed_file(tmp_path, telecom, capsys):
