@@ -60,6 +60,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -332,6 +333,45 @@ def workload_parser(description: str, *, steps: int, over_sampling_help: str, st
     return parser
 
 
+def run_bench(cfg: argparse.Namespace, modes: list[str], run: Callable, table: Callable, *, script: str, prefix: str,
+              extra_steps: int) -> int:
+    """What both long-tail benches do around their modes: slime from ../shared, quiet loggers, the task rows, the
+    tiny model and the loopback server in its own process; then each mode, the table and the optional JSON."""
+    from contract_tier import MISSING
+
+    if MISSING is not None:
+        print(f"{script}: {MISSING.replace('contract tier skipped: ', '')}", file=sys.stderr)
+        return 1
+    os.environ.setdefault("TQDM_DISABLE", "1")  # slime's progress bars; this script prints one line per step
+    import litellm  # noqa: F401  (its logger is set up on import; quieted below)
+
+    import tau2_rl_pipeline  # noqa: F401  (offline litellm before tau2 loads)
+
+    for name in ("LiteLLM", "slime", "tau2_rl_pipeline"):  # one progress line per step instead
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+    turns = row_turns(gold_turns(), cfg.groups * cfg.over_sampling * (cfg.steps + extra_steps), cfg.seed)
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        tmp_path = Path(tmp)
+        os.environ.update({"TAU2_USER_MODEL": "openai/tiny", "TAU2_USER_MAX_RETRIES": "0",
+                           "TAU2_MAX_TURNS": str(cfg.max_turns),
+                           "TAU2_CURRICULUM_STATE_PATH": str(tmp_path / "curriculum.json")})
+        model_dir = build_model(tmp_path)
+        rows_path = tmp_path / "rows.jsonl"
+        rows_path.write_text("".join(json.dumps(r) + "\n" for r in register_rows(turns)))
+        server = ServerProcess(model_dir, cfg)
+        try:
+            os.environ["TAU2_USER_API_BASE"] = f"http://{server.router}/v1"
+            results = [run(mode, cfg, model_dir, rows_path, server) for mode in modes]
+        finally:
+            server.close()
+    print(table(results, cfg))
+    if cfg.json is not None:
+        cfg.json.write_text(json.dumps({"config": {k: v for k, v in vars(cfg).items() if k != "json"},
+                                        "row_turns": turns, "results": results}, indent=1))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = workload_parser(__doc__.split("\n\n")[0], steps=6,
                              over_sampling_help="--over-sampling-batch-size as a multiple of the batch (over-sampling, "
@@ -345,39 +385,7 @@ def main(argv: list[str] | None = None) -> int:
     if not modes or set(modes) - set(MODES) or modes[0] != "sync":
         parser.error(f"--modes must start with sync and name only {', '.join(MODES)}")
 
-    from contract_tier import MISSING
-
-    if MISSING is not None:
-        print(f"bench/long_tail.py: {MISSING.replace('contract tier skipped: ', '')}", file=sys.stderr)
-        return 1
-    os.environ.setdefault("TQDM_DISABLE", "1")  # slime's progress bars; this script prints one line per step
-    import litellm  # noqa: F401  (its logger is set up on import; quieted below)
-
-    import tau2_rl_pipeline  # noqa: F401  (offline litellm before tau2 loads)
-
-    for name in ("LiteLLM", "slime", "tau2_rl_pipeline"):  # one progress line per step instead
-        logging.getLogger(name).setLevel(logging.WARNING)
-
-    turns = row_turns(gold_turns(), cfg.groups * cfg.over_sampling * (cfg.steps + 1), cfg.seed)
-    with tempfile.TemporaryDirectory(prefix="long_tail_") as tmp:
-        tmp_path = Path(tmp)
-        os.environ.update({"TAU2_USER_MODEL": "openai/tiny", "TAU2_USER_MAX_RETRIES": "0",
-                           "TAU2_MAX_TURNS": str(cfg.max_turns),
-                           "TAU2_CURRICULUM_STATE_PATH": str(tmp_path / "curriculum.json")})
-        model_dir = build_model(tmp_path)
-        rows_path = tmp_path / "rows.jsonl"
-        rows_path.write_text("".join(json.dumps(r) + "\n" for r in register_rows(turns)))
-        server = ServerProcess(model_dir, cfg)
-        try:
-            os.environ["TAU2_USER_API_BASE"] = f"http://{server.router}/v1"
-            results = [run_mode(mode, cfg, model_dir, rows_path, server) for mode in modes]
-        finally:
-            server.close()
-    print(table(results, cfg))
-    if cfg.json is not None:
-        cfg.json.write_text(json.dumps({"config": {k: v for k, v in vars(cfg).items() if k != "json"},
-                                        "row_turns": turns, "results": results}, indent=1))
-    return 0
+    return run_bench(cfg, modes, run_mode, table, script="bench/long_tail.py", prefix="long_tail_", extra_steps=1)
 
 
 if __name__ == "__main__":

@@ -27,12 +27,9 @@ one line if slime's sources or the contract tier's packages are missing.
 from __future__ import annotations
 
 import argparse
-import json
-import logging
 import os
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -130,39 +127,8 @@ def main(argv: list[str] | None = None) -> int:
     if not modes or set(modes) - set(MODES):
         parser.error(f"--modes must name only {', '.join(MODES)}")
 
-    from contract_tier import MISSING
-
-    if MISSING is not None:
-        print(f"bench/long_tail_async.py: {MISSING.replace('contract tier skipped: ', '')}", file=sys.stderr)
-        return 1
-    os.environ.setdefault("TQDM_DISABLE", "1")
-    import litellm  # noqa: F401  (its logger is set up on import; quieted below)
-
-    import tau2_rl_pipeline  # noqa: F401  (offline litellm before tau2 loads)
-
-    for name in ("LiteLLM", "slime", "tau2_rl_pipeline"):
-        logging.getLogger(name).setLevel(logging.WARNING)
-
-    turns = long_tail.row_turns(long_tail.gold_turns(), cfg.groups * cfg.over_sampling * (cfg.steps + 2), cfg.seed)
-    with tempfile.TemporaryDirectory(prefix="long_tail_async_") as tmp:
-        tmp_path = Path(tmp)
-        os.environ.update({"TAU2_USER_MODEL": "openai/tiny", "TAU2_USER_MAX_RETRIES": "0",
-                           "TAU2_MAX_TURNS": str(cfg.max_turns),
-                           "TAU2_CURRICULUM_STATE_PATH": str(tmp_path / "curriculum.json")})
-        model_dir = long_tail.build_model(tmp_path)
-        rows_path = tmp_path / "rows.jsonl"
-        rows_path.write_text("".join(json.dumps(r) + "\n" for r in long_tail.register_rows(turns)))
-        server = long_tail.ServerProcess(model_dir, cfg)
-        try:
-            os.environ["TAU2_USER_API_BASE"] = f"http://{server.router}/v1"
-            results = [run_async_mode(mode, cfg, model_dir, rows_path, server) for mode in modes]
-        finally:
-            server.close()
-    print(table(results, cfg))
-    if cfg.json is not None:
-        cfg.json.write_text(json.dumps({"config": {k: v for k, v in vars(cfg).items() if k != "json"},
-                                        "row_turns": turns, "results": results}, indent=1))
-    return 0
+    return long_tail.run_bench(cfg, modes, run_async_mode, table, script="bench/long_tail_async.py",
+                               prefix="long_tail_async_", extra_steps=2)
 
 
 if __name__ == "__main__":
