@@ -71,12 +71,17 @@ def test_long_tail_bench_runs_and_its_books_add_up(tmp_path):
 
 def test_long_tail_async_bench_runs_and_resumes_what_the_weight_update_cuts(tmp_path):
     """bench/long_tail_async.py at tiny sizes: slime's fully async worker, slime's weight update after each step.
-    Resumed, no cut episode is started again; restarted, none goes on (nothing timed)."""
+    Resumed, no cut episode is started again; restarted, none goes on (nothing timed).
+
+    slime's worker takes groups from the buffer once a second (AsyncRolloutWorker.poll_interval): each training
+    window (--train-s 1.2) holds one of its wake-ups, so a group the update cut is taken again before the next
+    update even when a loaded machine stretches every step; with a 0.3 s call and a 30 % tail, episodes are still in
+    flight when the update comes (with 0.3 s windows, a busy CI machine once stopped the worker before it woke)."""
     out = tmp_path / "long_tail_async.json"
     proc = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "long_tail_async.py"), "--groups", "2", "--samples", "2",
-         "--over-sampling", "4", "--steps", "3", "--latency", "0.1", "--train-s", "0.3", "--max-turns", "12",
-         "--json", str(out)], check=False, capture_output=True, text=True, timeout=300)
+         "--over-sampling", "4", "--steps", "3", "--latency", "0.3", "--tail-rate", "0.3", "--train-s", "1.2",
+         "--max-turns", "12", "--json", str(out)], check=False, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = {r["mode"]: r for r in json.loads(out.read_text())["results"]}
     assert list(rows) == ["async-restart", "async"]
