@@ -51,6 +51,7 @@ from tau2_rl_pipeline.local.demo_report import (
     summary_lines,
     write_charts,
 )
+from tau2_rl_pipeline.local.interrupt import answer_ctrl_c
 from tau2_rl_pipeline.local.stage_book import SKIP, StageBook, StaleOutputError
 
 if TYPE_CHECKING:
@@ -116,13 +117,14 @@ def sft_stage(args, start: Path, rows: list[dict], dest: Path, out: Path, lr: fl
 
     if dest.exists():  # saved by a run stopped before it recorded the result: trained again for its numbers
         shutil.rmtree(dest)
-    trainer = LocalTrainer(start, train_config(args, out, lr, epochs))
-    examples = [sft_example_from_chat(trainer.tokenizer, row["messages"], row.get("tools")) for row in rows]
-    before = trainer.evaluate(examples)
-    trainer.sft(examples, resume_dir=resume_dir(dest))  # resumes a stopped run's last saved step
-    after = trainer.evaluate(examples)
-    trainer.save(dest)
-    trainer.close()
+    with answer_ctrl_c(interrupted_line(out)):  # a backward pass holds KeyboardInterrupt for seconds
+        trainer = LocalTrainer(start, train_config(args, out, lr, epochs))
+        examples = [sft_example_from_chat(trainer.tokenizer, row["messages"], row.get("tools")) for row in rows]
+        before = trainer.evaluate(examples)
+        trainer.sft(examples, resume_dir=resume_dir(dest))  # resumes a stopped run's last saved step
+        after = trainer.evaluate(examples)
+        trainer.save(dest)
+        trainer.close()
     shutil.rmtree(resume_dir(dest), ignore_errors=True)
     return {"examples": len(examples), "loss_before": before, "loss_after": after}
 
@@ -326,13 +328,14 @@ def run_stages(args, cfg: Tau2Config, split: str, eval_split: str, benchmark: di
         rft_episodes = eval_output(out, "rft_samples").with_suffix(".json.episodes.jsonl")
         task_ids, band, baselines = difficulty_task_ids(args.domain, split, rft_episodes, cfg)
         say(f"{algorithm}: {band.line()}")
-        history = grpo_stage(GrpoSettings(
-            domain=args.domain, split=split, steps=args.grpo_steps, tasks_per_step=args.grpo_tasks_per_step,
-            n=args.grpo_n, lr=args.grpo_lr, temperature=args.grpo_temperature, max_new_tokens=args.max_new_tokens,
-            kl_coef=args.kl_coef, entropy_coef=args.entropy_coef, micro_batch_size=args.micro_batch_size,
-            seed=args.seed, device=args.device, wandb_project=args.wandb_project, algorithm=algorithm,
-            task_ids=tuple(task_ids), baselines=tuple(sorted(baselines.items()))),
-            checkpoints["rft"], checkpoints[algorithm], out / algorithm, cfg, out / "metrics.jsonl", say)
+        with answer_ctrl_c(interrupted_line(out)):  # its training steps hold KeyboardInterrupt as SFT's do
+            history = grpo_stage(GrpoSettings(
+                domain=args.domain, split=split, steps=args.grpo_steps, tasks_per_step=args.grpo_tasks_per_step,
+                n=args.grpo_n, lr=args.grpo_lr, temperature=args.grpo_temperature, max_new_tokens=args.max_new_tokens,
+                kl_coef=args.kl_coef, entropy_coef=args.entropy_coef, micro_batch_size=args.micro_batch_size,
+                seed=args.seed, device=args.device, wandb_project=args.wandb_project, algorithm=algorithm,
+                task_ids=tuple(task_ids), baselines=tuple(sorted(baselines.items()))),
+                checkpoints["rft"], checkpoints[algorithm], out / algorithm, cfg, out / "metrics.jsonl", say)
         return {**grpo_summary(history), "grpo_tasks": asdict(band)}
 
     for algorithm in args.algorithm:  # each from the RFT checkpoint, reported side by side
@@ -341,6 +344,14 @@ def run_stages(args, cfg: Tau2Config, split: str, eval_split: str, benchmark: di
         report["stages"][algorithm] = evaluated(algorithm)
     report["wall_s"] = sum(r["result"].get("wall_s", 0.0) for r in book.records.values() if r.get("result"))
     return report
+
+
+def interrupted_line(out: Path) -> str:
+    """What Ctrl-C leaves, said once: by main, or by answer_ctrl_c when a training step holds the main thread."""
+    from tau2_rl_pipeline.local.trainer import SFT_SAVE_EVERY_S
+
+    return (f"interrupted: finished stages, evaluation episodes, GRPO steps and SFT/RFT training (saved every "
+            f"{SFT_SAVE_EVERY_S:.0f} s) are kept in {out}; rerun the same command to resume")
 
 
 def default_out(domain: str) -> Path:
@@ -392,10 +403,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {e}", file=sys.stderr)
         return e.returncode
     except KeyboardInterrupt:
-        from tau2_rl_pipeline.local.trainer import SFT_SAVE_EVERY_S
-
-        print(f"interrupted: finished stages, evaluation episodes, GRPO steps and SFT/RFT training (saved every "
-              f"{SFT_SAVE_EVERY_S:.0f} s) are kept in {args.out}; rerun the same command to resume", file=sys.stderr)
+        print(interrupted_line(args.out), file=sys.stderr)
         return 130
     print_stage_table(report)
     print("\n".join(summary_lines(report)))
