@@ -157,6 +157,8 @@ def test_context_budget_truncates(loopback, small_tokenizer):
     task = get_task("mock", "create_task_1")
     probe = _loopback_run(loopback, small_tokenizer, task, max_new_tokens=1)
     cfg = replace(CFG, max_context_len=len(probe.prompt_ids) + 3)
+    # a reply longer than the 3 tokens left (a sampled one could end in EOS within them, and the episode with it)
+    loopback.script(_canonical(small_tokenizer, "a rather long reply " * 10))
     traj = _loopback_run(loopback, small_tokenizer, task, cfg, max_new_tokens=50)
     assert traj.status == TRUNCATED and traj.termination_reason == "max_context_len"
     assert len(traj.prompt_ids) + traj.response_length <= cfg.max_context_len
