@@ -164,6 +164,20 @@ def test_pictures_go_to_the_users_folder_unless_public_is_asked() -> None:
         out_dir(build_parser().parse_args(["--public", "--out", "x"]))
 
 
+def test_a_bad_pictures_command_is_one_line_in_words(tmp_path: Path, capsys) -> None:
+    from tau2_rl_pipeline.pictures.__main__ import main
+
+    (tmp_path / "file").write_text("")
+    (tmp_path / "report.json").write_text("{}")
+    for argv, said in ((["--public", "--out", "x"], "error: --public writes into public/; drop --out"),
+                       (["--out", str(tmp_path / "file" / "sub")], f"error: cannot write {tmp_path / 'file'}"),
+                       (["--out", str(tmp_path / "o"), "--report", str(tmp_path / "report.json")],
+                        "error: the report has no ")):
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err.splitlines()
+        assert len(err) == 1 and err[0].startswith(said) and "Error:" not in err[0], (argv, err)
+
+
 # ---- the whole command ------------------------------------------------------------------------------------------
 def test_pictures_regenerate_from_a_fresh_shell(pictures: Path) -> None:
     for name in ("pipeline.png", "demo_stages.png", "bench.png"):

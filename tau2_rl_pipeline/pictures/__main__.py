@@ -93,8 +93,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         written = make_pictures(out_dir(args), args.report or ROOT / "outputs" / "demo" / "report.json",
                                 args.bench or ROOT / "bench" / "README.md", args.reference)
-    except (OSError, ValueError, KeyError, RuntimeError) as e:
-        print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
+    except OSError as e:  # an unwritable --out, a file where a folder goes
+        print(f"error: cannot write {e.filename or 'the pictures'}: {e.strerror or e}", file=sys.stderr)
+        return 2
+    except KeyError as e:
+        print(f"error: the report has no {e} (give a report.json written by tau2-rl-demo)", file=sys.stderr)
+        return 2
+    except (ValueError, RuntimeError) as e:
+        print(f"error: {e}", file=sys.stderr)
         return 2
     for path in written:
         print(f"wrote {path}")
