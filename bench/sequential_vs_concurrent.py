@@ -4,7 +4,7 @@ original evaluator's design), against the same engine; the wall-time ratio.
     .venv/bin/python bench/sequential_vs_concurrent.py                    # mock, 9 tasks x 4 samples, 200 ms
     .venv/bin/python bench/sequential_vs_concurrent.py --latency 1.0 --domain airline --tasks 10
 
-Both runs go through `eval.runner.run_episodes` (what `eval/eval_passk.py` runs), with the scripted user and
+Both runs go through `tau2_rl_pipeline.eval.runner.run_episodes` (what `tau2_rl_pipeline/eval/eval_passk.py` runs), with the scripted user and
 `SGLangEngine` against the canned SGLang engine of bench/harness.py (each `/generate` call waits --latency, then
 answers with fixed canonical ids: a tool call per --tool-turns, then a closing reply). Sequential is the same
 runner with concurrency 1. Exits 1 if the two runs' rewards differ episode by episode, else 0.
@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from harness import TOOL, CannedSGLang, load_tokenizer, policy_sampling  # noqa: E402
 
-from eval.runner import run_episodes_on_sglang  # noqa: E402
+from tau2_rl_pipeline.eval.runner import run_episodes_on_sglang  # noqa: E402
 from tau2_rl_pipeline.benchmark.tasks import load_tasks  # noqa: E402
 from tau2_rl_pipeline.benchmark.users import make_user_factory  # noqa: E402
 from tau2_rl_pipeline.config import Tau2Config  # noqa: E402

@@ -141,7 +141,7 @@ GRPO_MAX_USER_FAILURE_RATE="${GRPO_MAX_USER_FAILURE_RATE:-}"
 GRPO_USER_QUALIFICATION="${GRPO_USER_QUALIFICATION:-${TAU2_OUT_DIR}/qualify/user.json}"
 if [[ -n "${GRPO_MAX_USER_FAILURE_RATE}" ]]; then
   require_number GRPO_MAX_USER_FAILURE_RATE "${GRPO_MAX_USER_FAILURE_RATE}"
-  gate="$("${PYTHON}" -m eval.qualify --check "${GRPO_USER_QUALIFICATION}" \
+  gate="$("${PYTHON}" -m tau2_rl_pipeline.eval.qualify --check "${GRPO_USER_QUALIFICATION}" \
     --max-failure-rate "${GRPO_MAX_USER_FAILURE_RATE}" 2>&1)" || { gate="$(tail -n 1 <<<"${gate}")"; die "${gate#error: }"; }
   note "$(tail -n 1 <<<"${gate}")"  # its verdict line (a library's warning may come first)
 fi

@@ -1,6 +1,6 @@
 """Pass@k / pass^k with bootstrap CIs and a failure taxonomy, from the Pass@K evaluator's episode records.
 
-Pure functions over plain dicts, no I/O: eval/eval_passk.py prints and saves what `summarize` returns.
+Pure functions over plain dicts, no I/O: tau2_rl_pipeline/eval/eval_passk.py prints and saves what `summarize` returns.
 Why every number carries a CI and its counts: identical single tau2 runs differ by 7-11 points (tau2
 issue #540), so a bare "0.42" invites reading noise as progress.
 

@@ -159,7 +159,7 @@ def test_the_gym_env_builds_banking_with_its_variant_and_scores_with_tau2s_evalu
 
 
 def test_a_variant_that_cannot_run_here_is_refused_in_one_line(monkeypatch, tmp_path: Path) -> None:
-    from eval.eval_passk import main
+    from tau2_rl_pipeline.eval.eval_passk import main
     from tau2_rl_pipeline.benchmark.tau2_version import RetrievalVariantError, check_retrieval_variant, retrieval_needs
 
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
@@ -197,7 +197,7 @@ def test_an_evaluation_on_banking_is_read_by_tau2_and_its_submission_passes_tau2
     from tau2.scripts.leaderboard.prepare_submission import check_and_load_submission_data, validate_submission_metrics
     from tau2.scripts.leaderboard.submission import Submission
 
-    from eval.eval_passk import main
+    from tau2_rl_pipeline.eval.eval_passk import main
     from tau2_rl_pipeline.learning.oracle_demos import demo_turns
     from tau2_rl_pipeline.testing.loopback_server import LoopbackServer
 

@@ -1,7 +1,7 @@
 """Clear errors: a missing model path, an unreachable server, an unknown domain / split / task id, a missing API key
 for a remote user model each end in one line that says what to do, and a non-zero exit; never a traceback.
 
-The evaluator's own checks (eval/eval_passk.py: --model, --sglang-url, --user llm) are tested in
+The evaluator's own checks (tau2_rl_pipeline/eval/eval_passk.py: --model, --sglang-url, --user llm) are tested in
 tests/test_eval_passk.py; these cover the other entry points and the library errors they rest on.
 """
 

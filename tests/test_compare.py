@@ -1,4 +1,4 @@
-"""Checkpoint comparison (eval/compare.py, tau2-rl-compare): the paired permutation p-value and the paired bootstrap
+"""Checkpoint comparison (tau2_rl_pipeline/eval/compare.py, tau2-rl-compare): the paired permutation p-value and the paired bootstrap
 CI against independent computations (binomial tails, itertools enumeration, the exact bootstrap distribution), the
 comparison of constructed runs, the refusal of runs that measure different things, and the command line on files
 written by the evaluator's own episode log."""
@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from eval.compare import (
+from tau2_rl_pipeline.eval.compare import (
     COMPARED_FIELDS,
     EXACT_MAX_TASKS,
     NotComparable,
@@ -23,8 +23,8 @@ from eval.compare import (
     sign_flip_p_value,
     verdict_lines,
 )
-from eval.compare_cli import main
-from eval.episodes_file import EpisodesFile
+from tau2_rl_pipeline.eval.compare_cli import main
+from tau2_rl_pipeline.eval.episodes_file import EpisodesFile
 
 
 def binomial_tail_p(positives: int, t: int) -> float:

@@ -29,7 +29,7 @@ def settings_read_from_the_environment() -> set[str]:
     for path in [*(ROOT / "scripts").rglob("*.sh"), ROOT / ".ci" / "run"]:
         names |= set(re.findall(r"\$\{(TAU2_\w+):[-=]", path.read_text()))
     names |= set(re.findall(r"^ARG (TAU2_\w+)", (ROOT / "Dockerfile").read_text(), re.MULTILINE))
-    for path in [*(ROOT / "tau2_rl_pipeline").rglob("*.py"), *(ROOT / "eval").rglob("*.py"),
+    for path in [*(ROOT / "tau2_rl_pipeline").rglob("*.py"),
                  *(ROOT / "bench").glob("*.py")]:
         names |= set(re.findall(r"""(?:environ(?:\.get)?[(\[]|getenv\()\s*["'](TAU2_\w+)["']""", path.read_text()))
     return names

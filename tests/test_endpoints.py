@@ -17,8 +17,8 @@ import pytest
 from test_eval_passk import SMALL, run_cli
 from test_scripts import flags, run_script
 
-from eval.backends import SetupError, check_sglang
-from eval.plan import _safe_url
+from tau2_rl_pipeline.eval.backends import SetupError, check_sglang
+from tau2_rl_pipeline.eval.plan import _safe_url
 from tau2_rl_pipeline.benchmark.user_client import chat_client, parse_chat_response
 from tau2_rl_pipeline.benchmark.users import UserConfigError, make_user_factory
 from tau2_rl_pipeline.config import Tau2Config

@@ -29,8 +29,8 @@ from task_sample import representative
 from tau2.data_model.simulation import Results
 from tau2.metrics.agent_metrics import compute_metrics
 
-from eval.args import build_parser, default_output
-from eval.episodes_file import (
+from tau2_rl_pipeline.eval.args import build_parser, default_output
+from tau2_rl_pipeline.eval.episodes_file import (
     EpisodesFile,
     EpisodesFileError,
     episode_key,
@@ -40,9 +40,9 @@ from eval.episodes_file import (
     redact,
     secret_values,
 )
-from eval.eval_passk import main
-from eval.runner import episode_seed, run_episodes
-from eval.tau2_results import results_info, tau2_results
+from tau2_rl_pipeline.eval.eval_passk import main
+from tau2_rl_pipeline.eval.runner import episode_seed, run_episodes
+from tau2_rl_pipeline.eval.tau2_results import results_info, tau2_results
 from tau2_rl_pipeline.benchmark.tasks import load_tasks
 from tau2_rl_pipeline.benchmark.tau2_version import V1, needs_judge
 from tau2_rl_pipeline.benchmark.users import make_user_factory, opening_request
@@ -284,7 +284,7 @@ def test_sigkill_then_resume_equals_an_uninterrupted_run(tiny_engine, tiny_small
         episodes = outputs(killed, ["mock"])["episodes"]
         env = {k: v for k, v in os.environ.items() if not k.startswith("TAU2_")}
         with open(tmp_path / "killed.log", "wb") as log:
-            proc = subprocess.Popen([sys.executable, "-m", "eval.eval_passk", *base, "--output", str(killed)],
+            proc = subprocess.Popen([sys.executable, "-m", "tau2_rl_pipeline.eval.eval_passk", *base, "--output", str(killed)],
                                     cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
             try:
                 _poll_episodes(episodes, proc, least=3)
@@ -515,7 +515,7 @@ def test_the_default_output_is_one_per_checkpoint_domains_and_split() -> None:
 
 def test_a_path_whose_folder_exists_is_no_hub_id(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """--model outputs/nope (a typo in a local path) says the folder has no such directory, not `hf download`."""
-    from eval.backends import SetupError, resolve_checkpoint
+    from tau2_rl_pipeline.eval.backends import SetupError, resolve_checkpoint
 
     (tmp_path / "outputs" / "demo").mkdir(parents=True)
     monkeypatch.chdir(tmp_path)
@@ -531,7 +531,7 @@ def test_hub_ids_resolve_from_the_offline_cache_or_fail_in_one_line(tiny_small_d
         shutil.copy(f, snapshot / f.name)
     (tmp_path / "hub" / "models--acme--tiny" / "refs").mkdir()
     (tmp_path / "hub" / "models--acme--tiny" / "refs" / "main").write_text("a" * 40)
-    script = ("from eval.backends import SetupError, resolve_checkpoint\n"
+    script = ("from tau2_rl_pipeline.eval.backends import SetupError, resolve_checkpoint\n"
               "print(resolve_checkpoint('acme/tiny', tokenizer_only=True, flag='--hf-checkpoint'))\n"
               "try:\n    resolve_checkpoint('acme/missing', tokenizer_only=True, flag='--hf-checkpoint')\n"
               "except SetupError as e:\n    print(e)\n")

@@ -59,7 +59,7 @@ def policy_server(tiny_engine: Any) -> Iterator[LoopbackServer]:
 
 def _records(trajectories: list[Trajectory]) -> list[dict]:
     """Episode records as the Pass@K evaluator writes them."""
-    from eval.runner import episode_record
+    from tau2_rl_pipeline.eval.runner import episode_record
 
     return [episode_record(t, sample=i, seed=0, started_at="", ended_at="", cfg=Tau2Config())
             for i, t in enumerate(trajectories)]
@@ -201,7 +201,7 @@ KILLS = 20
 _LAUNCHER = r"""
 import json, os, sys
 import tau2_rl_pipeline
-from eval import eval_passk
+from tau2_rl_pipeline.eval import eval_passk
 from tau2_rl_pipeline.selection import rft
 from transformers import AutoTokenizer
 AutoTokenizer.from_pretrained(sys.argv[1])  # imports what loading the checkpoint's tokenizer needs, once
@@ -268,7 +268,7 @@ def _outcome(rec: dict) -> tuple:
 def test_evaluator_and_rft_sampler_killed_20_times_resume_to_an_uninterrupted_run(tiny_engine: Any,
                                                                                   tiny_small_dir: Path,
                                                                                   tmp_path: Path) -> None:
-    from eval.episodes_file import episode_key, parse_lines, read_episodes
+    from tau2_rl_pipeline.eval.episodes_file import episode_key, parse_lines, read_episodes
 
     with LoopbackServer(tiny_engine, latency_s=0.03) as server:
         shared = ["--backend", "sglang", "--hf-checkpoint", str(tiny_small_dir), "--user", "scripted",

@@ -213,7 +213,7 @@ def test_by_default_a_reply_scores_what_tau2_1_0_1_alone_scores_for_it(loopback_
 
 @needs_v1
 def test_a_judge_outage_aborts_episodes_and_none_is_scored(loopback_judge, tiny_engine, small_tokenizer) -> None:
-    from eval.runner import run_episodes
+    from tau2_rl_pipeline.eval.runner import run_episodes
     from tau2_rl_pipeline.benchmark.users import make_user_factory
     from tau2_rl_pipeline.rollout.engines import SamplingParams
 
@@ -261,7 +261,7 @@ def test_the_judge_never_runs_on_the_event_loop_even_with_episode_workers_zero(l
                                                                                monkeypatch) -> None:
     """TAU2_EPISODE_WORKERS=0 runs episode work on the loop; tau2's judge call (litellm, blocking for seconds)
     would stall every episode in flight there, so a judged evaluation goes to a thread all the same."""
-    from eval.runner import run_episodes
+    from tau2_rl_pipeline.eval.runner import run_episodes
     from tau2_rl_pipeline.benchmark.users import make_user_factory
     from tau2_rl_pipeline.rollout.engines import SamplingParams
 

@@ -1,6 +1,6 @@
 """The package's layout follows the data flow, and the imports keep it so.
 
-Each folder of tau2_rl_pipeline/ (and eval/) is a room on a layer; a module may import from its own room and from
+Each folder of tau2_rl_pipeline/ is a room on a layer; a module may import from its own room and from
 rooms on lower layers, never from a higher layer or from another room on its own layer. Only the slime plug-ins
 import slime. Read from the source (ast), so a lazy import inside a function counts too.
 """
@@ -23,7 +23,7 @@ LAYERS = {
     "rollout": 2,         # token in, token out
     "learning": 3,        # rewards, curriculum, losses, SFT data
     "testing": 3,         # loopback server, tiny model
-    "eval": 4,            # the Pass@K evaluator (top-level package)
+    "eval": 4,            # the Pass@K evaluator
     "slime_plugins": 4,   # what slime loads by dotted path
     "selection": 5,       # RFT selection and the difficulty filter: they read evaluator runs
     "pictures": 5,        # the pictures in public/
@@ -34,8 +34,6 @@ LAYERS = {
 def room_of(module: str) -> str | None:
     """The room of a dotted module name of this project, or None for anything else (tau2, torch, ...)."""
     parts = module.split(".")
-    if parts[0] == "eval":
-        return "eval"
     if parts[0] != "tau2_rl_pipeline":
         return None
     if len(parts) == 1 or parts[1] not in LAYERS:
@@ -69,7 +67,7 @@ def imports(path: Path) -> list[tuple[int, str]]:
 
 
 def project_files() -> list[Path]:
-    return sorted([*(ROOT / "tau2_rl_pipeline").rglob("*.py"), *(ROOT / "eval").rglob("*.py")])
+    return sorted([*(ROOT / "tau2_rl_pipeline").rglob("*.py")])
 
 
 def violations(files: list[Path]) -> list[str]:
@@ -81,7 +79,7 @@ def violations(files: list[Path]) -> list[str]:
             if target.split(".")[0] == "slime" and here != "slime_plugins":
                 found.append(f"{where}: imports {target}; only tau2_rl_pipeline/slime_plugins/ may import slime")
             there = room_of(target)
-            if there is None or there == here or target in ("tau2_rl_pipeline", "eval"):
+            if there is None or there == here or target == "tau2_rl_pipeline":
                 continue  # the package roots themselves are the ground (__init__ sets up logging only)
             if LAYERS[there] >= LAYERS[here]:
                 found.append(f"{where}: {here} (layer {LAYERS[here]}) imports {target} ({there}, layer "
@@ -104,13 +102,13 @@ def test_no_import_runs_up_a_layer_and_only_slime_plugins_import_slime():
     ("rollout", "def f():\n    from tau2_rl_pipeline.local import trainer\n", "imports run down the flow"),
     ("learning", "from tau2_rl_pipeline.testing import tiny_model\n", "imports run down the flow"),
     ("local", "import slime.utils.arguments\n", "only tau2_rl_pipeline/slime_plugins/ may import slime"),
-    ("rollout", "from eval.runner import run_episodes\n", "imports run down the flow"),
+    ("rollout", "from tau2_rl_pipeline.eval.runner import run_episodes\n", "imports run down the flow"),
 ])
 def test_the_check_catches_an_upward_import(tmp_path, monkeypatch, room, source, expected):
     """The checker itself: a module planted in a room with an import that breaks the rule is reported."""
     monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
     for pkg in ("tau2_rl_pipeline", f"tau2_rl_pipeline/{room}", "tau2_rl_pipeline/local",
-                "tau2_rl_pipeline/testing", "eval"):
+                "tau2_rl_pipeline/testing", "tau2_rl_pipeline/eval"):
         (tmp_path / pkg).mkdir(parents=True, exist_ok=True)
         (tmp_path / pkg / "__init__.py").write_text("")
     planted = tmp_path / "tau2_rl_pipeline" / room / "planted.py"

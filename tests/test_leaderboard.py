@@ -1,4 +1,4 @@
-"""The leaderboard export (eval/submission.py, `eval_passk --submission`): refused where the leaderboard would be
+"""The leaderboard export (tau2_rl_pipeline/eval/submission.py, `eval_passk --submission`): refused where the leaderboard would be
 misled, and on tau2 1.0.1 an evaluation with the loopback judge and the scripted user whose results tau2's own
 loader and metrics read (pass^k equal to ours) and whose submission.json tau2's own validation code accepts."""
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from eval.submission import SubmissionError, build_submission, check_submittable
+from tau2_rl_pipeline.eval.submission import SubmissionError, build_submission, check_submittable
 from tau2_rl_pipeline.benchmark.tau2_version import V1
 
 SUMMARY = {"benchmark": {"tau2_version": "1.0.1", "task_set_hash": "0" * 16},
@@ -54,7 +54,7 @@ def test_refused_for_pre_1_0_grading_aborted_episodes_or_no_leaderboard_domain()
 
 @pytest.mark.skipif(V1, reason="checks the refusal on tau2 26.3")
 def test_the_cli_refuses_a_submission_graded_by_26_3(tmp_path: Path) -> None:
-    from eval.eval_passk import main
+    from tau2_rl_pipeline.eval.eval_passk import main
 
     err = io.StringIO()
     with contextlib.redirect_stderr(err):
@@ -82,7 +82,7 @@ def test_a_1_0_1_run_is_read_by_tau2_and_its_submission_passes_tau2s_validation(
     )
     from tau2.scripts.leaderboard.submission import Submission
 
-    from eval.eval_passk import main
+    from tau2_rl_pipeline.eval.eval_passk import main
     from tau2_rl_pipeline.testing.loopback_server import LoopbackServer
 
     goodbye = tiny_engine.tokenizer.encode("Thank you, goodbye." + tiny_engine.tokenizer.eos_token,

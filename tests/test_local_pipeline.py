@@ -4,7 +4,7 @@ GRPO resumes at its last finished step with that step's curriculum, and the repo
 learning signal.
 
 GRPO runs here for real (tiny model, real mock episodes and the scripted user) but small; the evaluations, which
-the pipeline runs as eval/eval_passk.py subprocesses, are covered by that CLI's own tests. On tau2 1.0.1
+the pipeline runs as tau2_rl_pipeline/eval/eval_passk.py subprocesses, are covered by that CLI's own tests. On tau2 1.0.1
 (tests/test_tau2_v1.py) the whole pipeline runs once, tiny, end to end.
 """
 

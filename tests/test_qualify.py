@@ -1,4 +1,4 @@
-"""User-simulator qualification (tau2-rl-qualify-user, eval/qualify.py): the oracle agent against the scripted user
+"""User-simulator qualification (tau2-rl-qualify-user, tau2_rl_pipeline/eval/qualify.py): the oracle agent against the scripted user
 (it must pass, the one known task fault named) and against tau2's LLM user simulator served by the loopback server
 (real HTTP, litellm or the asynchronous client), whose answers misbehave in each named way and are caught with
 their cause; the one-line errors; the GRPO script's gate."""
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from tau2.data_model.simulation import Results
 
-from eval.qualify import main
+from tau2_rl_pipeline.eval.qualify import main
 from tau2_rl_pipeline.benchmark.actions import format_tool_call
 from tau2_rl_pipeline.benchmark.oracle_play import (
     EVALUATOR_DISAGREED,

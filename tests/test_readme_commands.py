@@ -8,7 +8,7 @@ import re
 from dataclasses import fields
 from pathlib import Path
 
-from eval.plan import output_paths
+from tau2_rl_pipeline.eval.plan import output_paths
 from tau2_rl_pipeline.config import Tau2Config, env_var
 
 ROOT = Path(__file__).resolve().parents[1]

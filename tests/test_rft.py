@@ -20,7 +20,7 @@ TELECOM_ID = "[mobile_data_issue]bad_vpn|data_saver_mode_on|user_abroad_roaming_
 
 
 def record(domain: str, task, turns: list[str], sample: int, status: str = "completed") -> dict:
-    """An episode record with the fields the evaluator writes (eval/eval_passk.py episode_record)."""
+    """An episode record with the fields the evaluator writes (tau2_rl_pipeline/eval/eval_passk.py episode_record)."""
     episode: Episode = play_turns(domain, task, turns)
     info = episode.evaluate()
     return {"domain": domain, "task_id": task.id, "sample": sample, "seed": sample, "status": status,
@@ -132,7 +132,7 @@ def test_domain_stats_count_episodes_successes_and_rows(telecom):
 
 
 def _episode_file(path: Path, records: list[dict], version: str | None = None) -> None:
-    from eval.episodes_file import EpisodesFile
+    from tau2_rl_pipeline.eval.episodes_file import EpisodesFile
     from tau2_rl_pipeline.benchmark.tau2_version import VERSION
 
     log = EpisodesFile(path, {"task_split": "train"},
@@ -182,7 +182,7 @@ def test_cli_partial_settings(tmp_path, telecom, flags, selected):
 def test_cli_samples_through_the_evaluator(tmp_path, loopback, small_tokenizer, tiny_small_dir, capsys):
     """The sampling path end to end: the Pass@K evaluator against an SGLang look-alike on loopback replaying the
     oracle's completions, the scripted user, tau2's evaluator; two samples of one task give one row."""
-    from eval.episodes_file import parse_lines
+    from tau2_rl_pipeline.eval.episodes_file import parse_lines
 
     task = get_task("mock", "create_task_1")
     completions = [small_tokenizer.encode(text, add_special_tokens=False)

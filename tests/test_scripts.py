@@ -283,8 +283,8 @@ def test_grpo_plug_ins_name_functions_of_this_package(dry_dir: Path) -> None:
 
 def test_grpo_requires_a_qualified_user_simulator_when_asked(tmp_path: Path) -> None:
     """GRPO_MAX_USER_FAILURE_RATE: training starts only on a qualification of this TAU2_USER_MODEL within the bound
-    (eval/qualify.py --check); without it, no check."""
-    from eval.qualify import FORMAT
+    (tau2_rl_pipeline/eval/qualify.py --check); without it, no check."""
+    from tau2_rl_pipeline.eval.qualify import FORMAT
 
     def qualification(value: float) -> Path:
         path = tmp_path / f"q{value}.json"

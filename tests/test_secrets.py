@@ -100,7 +100,7 @@ def test_user_simulator_failures_record_no_key(planted: None, tiny_engine: Any, 
                                                capfd: pytest.CaptureFixture, client: str) -> None:
     """tau2's user simulator (litellm, or the async client; both read OPENAI_API_KEY) against a server that fails
     half its requests."""
-    from eval.runner import episode_record
+    from tau2_rl_pipeline.eval.runner import episode_record
 
     caplog.set_level("DEBUG")
     with LoopbackServer(tiny_engine) as policy, LoopbackServer(tiny_engine, hang_s=5.0) as user_server, \
@@ -130,7 +130,7 @@ def test_the_evaluator_writes_no_key_in_any_output(tiny_small_dir: Path, tiny_en
             faults.FaultProxy(user_server, rate=0.3, seed=6, kinds=[k for k in faults.FAULT_KINDS if k != "slow"]) \
             as proxy:
         proc = subprocess.run(
-            [sys.executable, "-m", "eval.eval_passk", "--backend", "sglang", "--sglang-url", policy.base_url,
+            [sys.executable, "-m", "tau2_rl_pipeline.eval.eval_passk", "--backend", "sglang", "--sglang-url", policy.base_url,
              "--hf-checkpoint", str(tiny_small_dir), "--user", "llm", "--user-model", "openai/tiny",
              "--user-api-base", proxy.base_url + "/v1", "--domains", "mock", "--task-split", "base",
              "--task-ids", "create_task_1,update_task_1,create_task_1_nl_eval,impossible_task_1",

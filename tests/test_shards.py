@@ -1,4 +1,4 @@
-"""Episodes over several rollout processes (eval/shards.py): the same records as one process, made in child
+"""Episodes over several rollout processes (tau2_rl_pipeline/eval/shards.py): the same records as one process, made in child
 processes, handed to the parent as they end; a failing shard is reported, not hidden."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import multiprocessing
 
 import pytest
 
-from eval.plan import make_plan
-from eval.runner import run_episodes
-from eval.shards import ShardError, run_sharded, split
+from tau2_rl_pipeline.eval.plan import make_plan
+from tau2_rl_pipeline.eval.runner import run_episodes
+from tau2_rl_pipeline.eval.shards import ShardError, run_sharded, split
 from tau2_rl_pipeline.benchmark.tasks import load_tasks
 from tau2_rl_pipeline.benchmark.users import make_user_factory
 from tau2_rl_pipeline.config import Tau2Config

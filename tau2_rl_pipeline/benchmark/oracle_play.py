@@ -1,6 +1,6 @@
 """The oracle agent in a live conversation: tau2's gold actions, in order, then the closing message, played
 against a user simulator. Since this agent is perfect, every failure is the user simulator's or the task's, and
-`failure_cause` says which: the qualification of a user simulator (eval/qualify.py) counts them.
+`failure_cause` says which: the qualification of a user simulator (tau2_rl_pipeline/eval/qualify.py) counts them.
 
 The oracle's moves are completions as a policy would write them, through the same Episode (`act` / `aact`): an
 agent gold action is a tool call; a user-side gold action (telecom's device steps) is asked for in words ("Please

@@ -91,7 +91,7 @@ def print_stage_table(report: dict) -> None:
     """Each stage's checkpoint evaluated: every metric as value [95% CI], and the counts behind the row."""
     from rich.table import Table
 
-    from eval.report import cell
+    from tau2_rl_pipeline.eval.report import cell
     from tau2_rl_pipeline.pictures.stage_chart import stage_metrics
 
     stages, names = stage_metrics(report)
@@ -126,10 +126,10 @@ def summary_lines(report: dict) -> list[str]:
 
 def stage_comparisons(eval_dir: Path, stages: list[str]) -> dict[str, dict]:
     """Each evaluated stage against the stage it starts from (SFT vs base, RFT vs SFT, GRPO and AWSFT vs RFT): the
-    paired comparison of their evaluation runs (eval/compare.py) over the same tasks, or why there is none (an
+    paired comparison of their evaluation runs (tau2_rl_pipeline/eval/compare.py) over the same tasks, or why there is none (an
     evaluation run missing or unreadable, or runs that measure different things)."""
-    from eval.compare import compare_runs
-    from eval.compare_cli import load_run
+    from tau2_rl_pipeline.eval.compare import compare_runs
+    from tau2_rl_pipeline.eval.compare_cli import load_run
 
     out: dict[str, dict] = {}
     for a, b in COMPARISONS:
@@ -144,7 +144,7 @@ def stage_comparisons(eval_dir: Path, stages: list[str]) -> dict[str, dict]:
 def stage_verdicts(report: dict) -> list[str]:
     """One line per comparison and domain: the differences with their CIs and p-values, and whether they are
     significant, said plainly."""
-    from eval.compare import verdict_lines
+    from tau2_rl_pipeline.eval.compare import verdict_lines
 
     lines = []
     for name, result in report.get("comparisons", {}).items():

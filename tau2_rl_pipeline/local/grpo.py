@@ -103,7 +103,7 @@ def difficulty_task_ids(domain: str, split: str, rft_episodes: Path,
     """The split's task ids whose pass rate over the RFT stage's sampled episodes lies in the
     TAU2_GRPO_{MIN,MAX}_PASS_RATE band (unsampled tasks kept), the counts of what each bound dropped, and each kept
     sampled task's pass rate (AWSFT's baseline V*, learning/awsft.py)."""
-    from eval.episodes_file import read_episodes
+    from tau2_rl_pipeline.eval.episodes_file import read_episodes
 
     rates = pass_rates(read_episodes(rft_episodes).values()) if rft_episodes.exists() else {}
     kept, stats = filter_tasks([(domain, t.id) for t in load_tasks(domain, split)], rates, cfg)

@@ -131,10 +131,10 @@ def sft_stage(args, start: Path, rows: list[dict], dest: Path, out: Path, lr: fl
 
 def evaluate_stage(args, model_dir: Path, out: Path, stage: str, num_samples: int, temperature: float,
                    split: str, output_name: str | None = None) -> dict:
-    """Run eval/eval_passk.py on a checkpoint (its own process: the same CLI users run; it resumes its own
+    """Run tau2_rl_pipeline/eval/eval_passk.py on a checkpoint (its own process: the same CLI users run; it resumes its own
     episode file)."""
     output = eval_output(out, output_name or stage)
-    cmd = [sys.executable, "-m", "eval.eval_passk", "--backend", "local", "--model", str(model_dir),
+    cmd = [sys.executable, "-m", "tau2_rl_pipeline.eval.eval_passk", "--backend", "local", "--model", str(model_dir),
            "--device", args.device, "--user", "scripted", "--domains", args.domain, "--task-split", split,
            "--num-samples", str(num_samples), "--temperature", str(temperature), "--top-p", "1.0", "--top-k", "-1",
            "--max-new-tokens", str(args.max_new_tokens), "--max-turns", str(args.max_turns),
@@ -174,7 +174,7 @@ def eval_files(out: Path, name: str) -> list[Path]:
 
 def rft_stage(args, sft_dir: Path, out: Path, split: str) -> tuple[list[dict], dict]:
     """Sample N episodes per training task from the SFT model (the evaluator's machinery), keep the successes."""
-    from eval.episodes_file import read_episodes
+    from tau2_rl_pipeline.eval.episodes_file import read_episodes
     from tau2_rl_pipeline.selection.rft import select_rft
 
     summary = evaluate_stage(args, sft_dir, out, "rft-sampling", args.rft_samples, args.rft_temperature, split,

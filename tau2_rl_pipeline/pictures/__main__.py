@@ -70,7 +70,7 @@ def make_pictures(out: Path, report_path: Path, bench: Path, reference: Path | N
 
 def reference_chart(reference: Path, out: Path) -> list[Path]:
     """A tau2-rl-eval summary's Pass@k chart as <out>/passk_reference.png, and the summary copied beside it."""
-    from eval.report import render_chart
+    from tau2_rl_pipeline.eval.report import render_chart
 
     summary = json.loads(reference.read_text())
     render_chart(summary, out / "passk_reference.png", REFERENCE_TITLE)

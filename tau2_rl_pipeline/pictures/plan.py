@@ -24,7 +24,7 @@ PIPELINE = SCRIPTS / "pipeline.sh"
 # Output files that stand for their directory (a checkpoint, a model): the directory is what later stages read.
 DIRECTORY_MARKERS = {".stage_done", "config.json", "latest_checkpointed_iteration.txt"}
 # Programs of this package that run tau2 episodes, and so talk to the user simulator (TAU2_USER_API_BASE).
-EPISODE_RUNNERS = ("tau2_rl_pipeline.selection.rft", "eval.eval_passk", "tau2_rl_pipeline.slime_plugins.adapter.generate")
+EPISODE_RUNNERS = ("tau2_rl_pipeline.selection.rft", "tau2_rl_pipeline.eval.eval_passk", "tau2_rl_pipeline.slime_plugins.adapter.generate")
 USER_SIM_SCRIPT = "start_user_sim.sh"
 SERVER_NAMES = {USER_SIM_SCRIPT: "user simulator", "start_policy_server.sh": "policy server"}
 HEADER = re.compile(r"^==> stage (\d+)/(\d+) (\w+): running, output: (.*)$")
@@ -131,7 +131,7 @@ class _StageReader:
         module = _flag(argv, "-m")
         if module == "sglang.launch_server":
             self._sglang(env, argv)
-        elif module and module.split(".")[0] in ("tau2_rl_pipeline", "eval"):
+        elif module and module.split(".")[0] == "tau2_rl_pipeline":
             self.programs.append(f"python -m {module}")
         elif argv[:2] == ["ray", "start"]:
             self.ray_gpus = _gpus(env.get("CUDA_VISIBLE_DEVICES", "0"))

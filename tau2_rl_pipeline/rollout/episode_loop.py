@@ -349,7 +349,7 @@ async def run_episode(
         rollout_logprobs=logprobs,
         chat=[system, *episode.agent_view()],
         tools=episode.tools,
-        messages=list(episode.messages),  # dumped to JSON only where a record needs them (eval/runner.py)
+        messages=list(episode.messages),  # dumped to JSON only where a record needs them (tau2_rl_pipeline/eval/runner.py)
         reward_info=reward_info,
         termination_reason=reason or "unknown",
         status=status,

@@ -106,7 +106,7 @@ class NothingLeftError(ValueError):
 def main(argv: Sequence[str] | None = None) -> int:
     import json
 
-    from eval.episodes_file import EpisodesFileError, read_episodes
+    from tau2_rl_pipeline.eval.episodes_file import EpisodesFileError, read_episodes
     from tau2_rl_pipeline.benchmark.tasks import write_jsonl
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

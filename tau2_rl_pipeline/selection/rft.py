@@ -6,7 +6,7 @@ ones as SFT rows, merge them with the seed data.
         --merge-with data/seed.jsonl
     python -m tau2_rl_pipeline.selection.rft --episodes outputs/rft/eval.json.episodes.jsonl --out data/rft.jsonl  # reselect
 
-Sampling is the Pass@K evaluator's run (eval/eval_passk.py) on the train split: options this module does not
+Sampling is the Pass@K evaluator's run (tau2_rl_pipeline/eval/eval_passk.py) on the train split: options this module does not
 define (--hf-checkpoint, --backend, --user, --top-p, TAU2_* settings, ...) are passed on to it, and its episode
 file (<out>.eval.json.episodes.jsonl) is resumable. Selection per task follows the original cookbook: every
 successful episode (tau2's rule: reward within 1e-6 of 1); for a task with none, its best completed episode by
@@ -138,8 +138,8 @@ def load_rows(path: Path) -> list[dict]:
 
 def sample_episodes(args: argparse.Namespace, passthrough: list[str]) -> tuple[int, Path]:
     """Run the Pass@K evaluator on the train tasks; returns its exit code and its episode file."""
-    from eval import eval_passk
-    from eval.plan import output_paths
+    from tau2_rl_pipeline.eval import eval_passk
+    from tau2_rl_pipeline.eval.plan import output_paths
 
     output = Path(args.eval_output or args.out + ".eval.json")
     argv = ["--domains", args.domains, "--task-split", args.task_split, "--num-samples", str(args.num_samples),
@@ -166,10 +166,10 @@ def print_table(stats: dict[str, dict[str, int]], title: str) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from eval.episodes_file import EpisodesFileError, check_graded_by_installed_tau2, read_episodes
+    from tau2_rl_pipeline.eval.episodes_file import EpisodesFileError, check_graded_by_installed_tau2, read_episodes
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False,
-                                     epilog="Other options go to eval/eval_passk.py (e.g. --hf-checkpoint).")
+                                     epilog="Other options go to the evaluator, tau2-rl-eval (e.g. --hf-checkpoint).")
     parser.add_argument("--sglang-url", default=None, help="policy server (SGLang) to sample from")
     parser.add_argument("--domains", default="airline,retail,telecom", help="comma-separated domains")
     parser.add_argument("--task-split", default="train", help="tasks to sample (mock has only base)")

@@ -12,7 +12,7 @@ A difference is called significant when p < SIGNIFICANCE (two-sided).
 
 Runs are compared only when they ask the same question (`check_comparable`): the same benchmark (tau2 version
 and task-set hash), tasks, user simulator and sampling settings; otherwise a one-line NotComparable names the
-first differing field. The model, the seed and where it ran may differ. Pure: eval/compare_cli.py does the I/O.
+first differing field. The model, the seed and where it ran may differ. Pure: tau2_rl_pipeline/eval/compare_cli.py does the I/O.
 """
 
 from __future__ import annotations

@@ -122,7 +122,7 @@ def write_submission(directory: Path, submission: Mapping[str, Any], tau2_files:
     return path
 
 def add_submission_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("leaderboard submission", "tau2-bench 1.0.1 (eval/submission.py)", more=True)
+    g = p.add_argument_group("leaderboard submission", "tau2-bench 1.0.1 (tau2_rl_pipeline/eval/submission.py)", more=True)
     g.add_argument("--submission", type=Path, default=None, metavar="DIR",
                    help="also write a submission directory here (submission.json + trajectories/)")
     g.add_argument("--model-organization", default="unknown", metavar="ORG", help="who developed the model")
@@ -135,7 +135,7 @@ def add_submission_args(p: argparse.ArgumentParser) -> None:
 
 
 def submit(args: argparse.Namespace, summary: dict[str, Any], paths: dict[str, Any], secrets: Sequence[str]) -> int:
-    """The leaderboard submission directory (eval/submission.py); 1 with a one-line error when it is refused."""
+    """The leaderboard submission directory (tau2_rl_pipeline/eval/submission.py); 1 with a one-line error when it is refused."""
     names = {d: p.name for d, p in paths["tau2"].items() if d in summary["settings"]["domains"]}
     try:
         body = build_submission(
@@ -148,7 +148,7 @@ def submit(args: argparse.Namespace, summary: dict[str, Any], paths: dict[str, A
     except SubmissionError as e:
         print(f"error: no submission written: {e}", file=sys.stderr)
         return 1
-    from eval.episodes_file import atomic_write_text
+    from tau2_rl_pipeline.eval.episodes_file import atomic_write_text
 
     path = write_submission(args.submission, body, paths["tau2"],
                             lambda p, text: atomic_write_text(p, text, secrets))

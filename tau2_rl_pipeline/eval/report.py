@@ -4,7 +4,7 @@ Every printed number carries its 95% CI, and every column the task and episode c
 draws the same numbers with CI error bars. Re-render a chart from a saved summary (a reference run's for public/:
 tau2-rl-pictures --reference SUMMARY):
 
-    python -m eval.report --summary outputs/eval/run.json --chart outputs/eval/run.png
+    python -m tau2_rl_pipeline.eval.report --summary outputs/eval/run.json --chart outputs/eval/run.png
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 
 from rich.table import Table
 
-from eval.episodes_file import atomic_write_text
+from tau2_rl_pipeline.eval.episodes_file import atomic_write_text
 from tau2_rl_pipeline.files import atomic_write_bytes
 
 SCRIPTED_CAVEAT = "scripted user: a plumbing check, not a tau2 score"
@@ -213,7 +213,7 @@ def behaviour_panel(ax: Any, behaviour: dict[str, Any]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Re-render the Pass@k chart of a saved eval_passk summary.")
-    parser.add_argument("--summary", required=True, type=Path, help="summary JSON written by eval/eval_passk.py")
+    parser.add_argument("--summary", required=True, type=Path, help="summary JSON written by tau2_rl_pipeline/eval/eval_passk.py")
     parser.add_argument("--chart", required=True, type=Path, help="PNG to write")
     parser.add_argument("--title", default=None, help="chart title (default: 'tau2 Pass@k')")
     parser.add_argument("--copy-summary", type=Path, default=None, help="also copy the summary JSON here")

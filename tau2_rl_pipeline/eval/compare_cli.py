@@ -5,7 +5,7 @@
 
 Reads each run's summary and the episodes file beside it (<summary>.episodes.jsonl) and prints, per domain (and
 over all tasks when there are several), B - A in pass@1 and pass^k with a 95% paired bootstrap CI over tasks and a
-paired permutation p-value, the tasks B does better and worse on, and a plain verdict (eval/compare.py says how).
+paired permutation p-value, the tasks B does better and worse on, and a plain verdict (tau2_rl_pipeline/eval/compare.py says how).
 Runs of different benchmarks, tasks, user simulators or sampling settings are refused in one line naming the field.
 Exit codes: 0 compared, 2 bad input (nothing compared).
 """
@@ -18,8 +18,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from eval.compare import NotComparable, compare_runs, verdict_lines
-from eval.episodes_file import EpisodesFileError, atomic_write_text, read_episodes
+from tau2_rl_pipeline.eval.compare import NotComparable, compare_runs, verdict_lines
+from tau2_rl_pipeline.eval.episodes_file import EpisodesFileError, atomic_write_text, read_episodes
 from tau2_rl_pipeline.config import CommandParser, HelpFormatter
 
 SUMMARY_FORMAT = "tau2_rl_pipeline.eval_passk/1"
@@ -30,7 +30,7 @@ class RunLoadError(ValueError):
 
 
 def episodes_path(summary_path: Path) -> Path:
-    """The episodes file the evaluator writes beside its summary (eval/plan.py output_paths)."""
+    """The episodes file the evaluator writes beside its summary (tau2_rl_pipeline/eval/plan.py output_paths)."""
     return summary_path.with_name(summary_path.name + ".episodes.jsonl")
 
 

@@ -31,11 +31,11 @@ from typing import Any
 import tau2_rl_pipeline  # noqa: F401  (offline litellm and quiet tau2 logging before tau2 loads)
 from tau2.utils.utils import get_now
 
-from eval.args import csv_list
-from eval.episodes_file import EpisodesFile, atomic_write_text, read_episodes, secret_values
-from eval.plan import make_plan, output_paths
-from eval.runner import episode_seed
-from eval.tau2_results import results_info, results_json, tau2_results
+from tau2_rl_pipeline.eval.args import csv_list
+from tau2_rl_pipeline.eval.episodes_file import EpisodesFile, atomic_write_text, read_episodes, secret_values
+from tau2_rl_pipeline.eval.plan import make_plan, output_paths
+from tau2_rl_pipeline.eval.runner import episode_seed
+from tau2_rl_pipeline.eval.tau2_results import results_info, results_json, tau2_results
 from tau2_rl_pipeline.benchmark import judge
 from tau2_rl_pipeline.benchmark.episode import Episode, UserSideError, build_environment
 from tau2_rl_pipeline.benchmark.oracle import gold_actions, replay_gold_actions

@@ -1,11 +1,11 @@
-"""The evaluator's command line (tau2-rl-eval, python -m eval.eval_passk): every flag, in groups."""
+"""The evaluator's command line (tau2-rl-eval, python -m tau2_rl_pipeline.eval.eval_passk): every flag, in groups."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
-from eval.submission import add_submission_args
+from tau2_rl_pipeline.eval.submission import add_submission_args
 from tau2_rl_pipeline.benchmark.users import USER_KINDS
 from tau2_rl_pipeline.config import add_config_args, command_parser
 

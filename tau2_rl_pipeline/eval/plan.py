@@ -11,11 +11,11 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from eval import backends
-from eval.args import csv_list, default_output
-from eval.backends import SetupError
-from eval.episodes_file import Key
-from eval.submission import check_submittable
+from tau2_rl_pipeline.eval import backends
+from tau2_rl_pipeline.eval.args import csv_list, default_output
+from tau2_rl_pipeline.eval.backends import SetupError
+from tau2_rl_pipeline.eval.episodes_file import Key
+from tau2_rl_pipeline.eval.submission import check_submittable
 from tau2_rl_pipeline.benchmark import judge
 from tau2_rl_pipeline.benchmark.tasks import TaskLookupError, check_split, load_tasks
 from tau2_rl_pipeline.benchmark.tau2_version import VERSION, benchmark_id, check_retrieval_variant, needs_judge

@@ -12,9 +12,9 @@ from typing import Any
 
 from rich.console import Console
 
-from eval.episodes_file import EpisodesFile, Key, atomic_write_text, pick_records
-from eval.plan import Plan
-from eval.submission import submit
+from tau2_rl_pipeline.eval.episodes_file import EpisodesFile, Key, atomic_write_text, pick_records
+from tau2_rl_pipeline.eval.plan import Plan
+from tau2_rl_pipeline.eval.submission import submit
 from tau2_rl_pipeline.benchmark import judge
 from tau2_rl_pipeline.benchmark.monitors import batch_monitors
 from tau2_rl_pipeline.metrics import is_success
@@ -65,8 +65,8 @@ def build_summary(metrics: dict[str, Any], settings: dict[str, Any], records: Se
 
 def write_outputs(summary: dict[str, Any], records: Sequence[dict], plan: Plan, paths: dict[str, Any],
                   secrets: Sequence[str]) -> None:
-    from eval.report import render_chart
-    from eval.tau2_results import results_info, results_json, tau2_results
+    from tau2_rl_pipeline.eval.report import render_chart
+    from tau2_rl_pipeline.eval.tau2_results import results_info, results_json, tau2_results
 
     settings = summary["settings"]
     for domain, tasks in plan.tasks.items():
@@ -83,7 +83,7 @@ def remove_stale(paths: dict[str, Any]) -> None:
 
 
 def print_report(console: Any, summary: dict[str, Any]) -> None:
-    from eval.report import behaviour_table, failures_table, metrics_table
+    from tau2_rl_pipeline.eval.report import behaviour_table, failures_table, metrics_table
 
     s = summary["settings"]
     title = (f"Pass@k: {s['model']} on {', '.join(s['domains'])} ({s['task_split']}), user {s['user']}, "
@@ -145,7 +145,7 @@ def finish(plan: Plan, settings: dict[str, Any], log: EpisodesFile, done: dict[K
     write_outputs(summary, records, plan, paths, secrets)
     print_report(Console(), summary)
     if getattr(args, "baseline", None) is not None:
-        from eval.compare import compare_runs, verdict_lines
+        from tau2_rl_pipeline.eval.compare import compare_runs, verdict_lines
 
         try:
             result = compare_runs(args.baseline, {"settings": settings, "records": records})
