@@ -277,15 +277,20 @@ unset _name _path_var
 
 # size_stage STAGE [flags of tau2_rl_pipeline.scale.cli check]: print the sizing sheet of this stage's layout
 # (parameters, memory per training and SGLang GPU, the rollout step's work) and stop with one line if it cannot
-# fit; SIZING_FORCE=1 makes that a warning (the estimate is conservative; the contract tier uses it).
+# fit; SIZING_FORCE=1 makes that a warning (the estimate is conservative; the contract tier uses it). Host memory
+# per node is checked against HOST_MEM_GB (GiB, each node's); unset, a real run compares it with this machine's
+# MemTotal and warns only.
+HOST_MEM_GB="${HOST_MEM_GB:-}"
+[[ -z "${HOST_MEM_GB}" ]] || require_number HOST_MEM_GB "${HOST_MEM_GB}"
 size_stage() {
   local stage=$1
   shift
-  local -a turns=()
+  local -a turns=() host=()
   [[ -n "${TAU2_MAX_TURNS:-}" ]] && turns=(--max-turns "${TAU2_MAX_TURNS}")
+  if [[ -n "${HOST_MEM_GB}" ]]; then host=(--host-mem-gb "${HOST_MEM_GB}"); elif ! is_dry; then host=(--meminfo /proc/meminfo); fi
   scale_cli check --prog "${PROG}" --name "${MODEL}" --model-file "${MODEL_ARGS_SCRIPT}" --stage "${stage}" \
     --tp "${TRAIN_TP}" --pp "${TRAIN_PP}" --cp "${TRAIN_CP}" --ep "${TRAIN_EP}" --cpu-adam "${CPU_ADAM}" \
-    --engine-gpus "${ROLLOUT_GPUS_PER_ENGINE}" --force "${SIZING_FORCE}" "${turns[@]}" "$@" || exit 1
+    --engine-gpus "${ROLLOUT_GPUS_PER_ENGINE}" --force "${SIZING_FORCE}" "${turns[@]}" "${host[@]}" "$@" || exit 1
 }
 
 # ---- slime / Ray ----------------------------------------------------------------------------------------------

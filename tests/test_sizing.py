@@ -3,6 +3,7 @@ parameter counts against the models' published sizes, refusals, and every preset
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,9 @@ import pytest
 from tau2_rl_pipeline.scale import cli
 from tau2_rl_pipeline.scale.presets import DEFAULT_MODEL, PRESETS, RECIPES, defaults, layout_for
 from tau2_rl_pipeline.scale.sizing import (
+    ACTOR_BASE,
+    ALLOCATOR_MARGIN,
+    ENGINE_HOST,
     ENGINE_RESERVE,
     GIB,
     GPU_BYTES,
@@ -67,10 +71,40 @@ def test_training_memory_by_hand() -> None:
     assert sheet.train_optimizer == int(12 * per_rank / 2)  # sharded over DP2
     saved = 12288 * 2560 * 2 * 36  # each layer's bf16 input
     working = 12288 * 2 * (8 * 2560 + 3 * 9728)  # one layer recomputed
-    logits = 12288 * 151936 * 8  # fp32 logits and their gradient
+    # GRPO's peak: three fp32 [T, V/TP] buffers (the upcast logits, the temperature-scaled copy, the softmax; in the
+    # backward, the softmax and scaled logits kept for the entropy's gradient and that gradient)
+    logits = 12288 * 151936 * 12
     assert sheet.train_activations == int((saved + working + logits) / 2)
+    sft = size(m, replace(lay, loss="sft"))  # no temperature, no entropy: the upcast logits and the softmax
+    assert sft.train_activations == int((saved + working + 12288 * 151936 * 8) / 2)
     assert sheet.refusal is None
-    assert 30 * GIB < sheet.train_total < 32 * GIB
+    assert 33 * GIB < sheet.train_total < 35 * GIB
+
+
+def test_long_contexts_count_the_logits_as_slime_keeps_them() -> None:
+    """Qwen3-1.7B at 32768 tokens on one GPU: the tensors other than the logits come to 34.5 GiB, the logits' three
+    fp32 buffers to 55.6 GiB; at the 8 B an entry counted before, the sheet accepted it at 71.6 GiB."""
+    m = model("qwen3-1.7b")
+    sheet = size(m, Layout(nodes=1, gpus_per_node=1, max_tokens_per_gpu=32768))
+    assert sheet.train_activations - size(m, Layout(1, 1, max_tokens_per_gpu=32768, loss="sft")).train_activations \
+        == 32768 * 151936 * 4
+    assert sheet.train_total == pytest.approx(90.1 * GIB, abs=0.1 * GIB)
+    assert sheet.refusal is not None and sheet.refusal.by == "memory" and "training needs 90.1 GiB" in sheet.refusal.line
+    assert size(m, Layout(nodes=1, gpus_per_node=1, max_tokens_per_gpu=16384)).refusal is None
+
+
+def test_the_edge_of_one_node_agrees_with_slimes_page() -> None:
+    """Qwen3-30B-A3B, TP4 x EP8 on one node's 8 GPUs: slime's docs/en/examples/qwen3-30B-A3B.md needs CPU Adam there.
+    The tensors alone (71.1 GiB) would pass; the allocator's margin refuses it, saying why and what to set."""
+    m = model("qwen3-30b-a3b")
+    bare = Layout(nodes=1, gpus_per_node=8, tp=4, ep=8, max_tokens_per_gpu=12288)
+    sheet = size(m, bare)
+    assert sheet.train_total < GPU_BYTES - ENGINE_RESERVE < sheet.train_total * (1 + ALLOCATOR_MARGIN)
+    assert sheet.refusal is not None and sheet.refusal.by == "memory"
+    assert "78.2 with the allocator's 10% margin" in sheet.refusal.line and "set CPU_ADAM=1" in sheet.refusal.line
+    assert size(m, replace(bare, loss="sft")).refusal is not None  # SFT's 8 B logits: refused too
+    assert size(m, replace(bare, cpu_adam=True)).refusal is None
+    assert size(m, replace(bare, nodes=2)).refusal is None  # slime's page: across nodes, no CPU Adam
 
 
 def test_cpu_adam_takes_the_optimizer_off_the_gpu() -> None:
@@ -78,9 +112,28 @@ def test_cpu_adam_takes_the_optimizer_off_the_gpu() -> None:
     on_gpu = size(m, Layout(nodes=1, gpus_per_node=1, max_tokens_per_gpu=8192))
     offloaded = size(m, Layout(nodes=1, gpus_per_node=1, max_tokens_per_gpu=8192, cpu_adam=True))
     assert on_gpu.train_optimizer == int(12 * m.params) and offloaded.train_optimizer == 0
-    assert offloaded.cpu_adam_host_per_node == int(12 * m.params)
+    # on the host: fp32 master weights, pinned fp32 gradients, two moments, and the step's temporaries
+    assert offloaded.cpu_adam_host_per_node == int(20 * m.params)
+    assert offloaded.host_per_actor == int(20 * m.params) + 2 * int(2 * m.params) + ACTOR_BASE
     assert on_gpu.refusal is not None and on_gpu.refusal.by == "memory" and "CPU_ADAM=1" in on_gpu.refusal.line
     assert offloaded.refusal is None
+
+
+def test_host_memory_per_node_matches_the_public_report_and_refuses_over_host_mem() -> None:
+    """THUDM/slime#1851: Qwen3-30B-A3B with CPU Adam on 8 H100s, colocated GRPO with a KL reference: 8 training
+    actors at ~102 GiB each, the node at 999.9 of 1007.5 GiB when Ray killed one. The sheet counts the same node at
+    1000 GiB and refuses it against HOST_MEM_GB=1007.5; on two such nodes, half each."""
+    m = model("qwen3-30b-a3b")
+    one = Layout(nodes=1, gpus_per_node=8, tp=4, ep=8, cpu_adam=True, rollout_gpus=8, engine_gpus=4, colocated=True)
+    sheet = size(m, one, Work(16, 4, 30))
+    assert sheet.host_per_actor == pytest.approx(102 * GIB, abs=0.5 * GIB)
+    assert sheet.host_per_node == 8 * sheet.host_per_actor + 8 * ENGINE_HOST
+    assert sheet.refusal is None  # HOST_MEM_GB unset: printed, not checked
+    over = size(m, replace(one, host_mem=int(1007.5 * GIB)), Work(16, 4, 30))
+    assert over.refusal is not None and over.refusal.by == "memory"
+    assert over.refusal.line.startswith("host memory: a node needs 1000.2 GiB, over 95% of HOST_MEM_GB=1007.5")
+    two = size(m, replace(one, nodes=2, gpus_per_node=4, host_mem=int(1007.5 * GIB)), Work(16, 4, 30))
+    assert two.refusal is None and two.host_per_node < over.host_per_node / 1.9
 
 
 def test_expert_parallel_splits_the_experts() -> None:
@@ -221,3 +274,25 @@ def test_cli_names_an_unreadable_model_file(tmp_path: Path) -> None:
     with pytest.raises(SystemExit) as stop:
         cli.main(check_argv(model_file=str(tmp_path / "m.sh")))
     assert "lack --hidden-size" in str(stop.value.code) and "\n" not in str(stop.value.code)
+
+
+def test_cli_prints_host_memory_and_refuses_over_host_mem_gb(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(check_argv()) == 0  # qwen3-8b, 4 actors with two backups each, 4 colocated SGLang GPUs
+    err = capsys.readouterr().err
+    assert "host memory, per node: 217.0 GiB = 4 training actor(s) x 31.3" in err and "HOST_MEM_GB unset" in err
+    assert cli.main(check_argv(host_mem_gb="256")) == 0
+    assert cli.main(check_argv(host_mem_gb="200")) == 1
+    errors = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
+    assert len(errors) == 1 and "host memory: a node needs 217.0 GiB, over 95% of HOST_MEM_GB=200" in errors[0]
+
+
+def test_cli_warns_when_this_machine_has_less(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """HOST_MEM_GB unset: a real run reads the head's MemTotal, and says so as a warning, not a refusal."""
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text(f"MemTotal:       {128 * 1024 * 1024} kB\nMemFree:        1024 kB\n")
+    assert cli.main([*check_argv(), "--meminfo", str(meminfo)]) == 0
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "warning:" in line]
+    assert len(warnings) == 1 and "217.0 GiB, over 95% of this machine's 128.0 GiB" in warnings[0]
+    meminfo.write_text(f"MemTotal:       {1024 * 1024 * 1024} kB\n")
+    assert cli.main([*check_argv(), "--meminfo", str(meminfo)]) == 0
+    assert "warning" not in capsys.readouterr().err

@@ -6,7 +6,9 @@ run needs no GPU stack).
       `# ` lines: where the recipe departs from what it reproduces (the scripts print them)
   python -m tau2_rl_pipeline.scale.cli check --stage grpo --model-file F --name M --nodes N --gpus-per-node G ...
       prints the sizing sheet to stderr; a layout that cannot fit is one `error:` line and exit status 1
-      (with --force 1, a warning and status 0)
+      (with --force 1, a warning and status 0). Host memory per node is checked against --host-mem-gb
+      (HOST_MEM_GB, GiB); without it, against --meminfo's MemTotal (a real run passes /proc/meminfo: the head's
+      memory, taken for every node's) as a warning only.
 Either prints one line and exits 1 on bad input.
 """
 
@@ -19,7 +21,17 @@ from pathlib import Path
 
 from tau2_rl_pipeline.config import Tau2Config
 from tau2_rl_pipeline.scale.presets import defaults, recipe_notes
-from tau2_rl_pipeline.scale.sizing import Layout, Model, Work, model_args_from_file, render, size
+from tau2_rl_pipeline.scale.sizing import (
+    GIB,
+    RAY_MEMORY_THRESHOLD,
+    Layout,
+    Model,
+    Work,
+    gib,
+    model_args_from_file,
+    render,
+    size,
+)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -46,6 +58,8 @@ def _parser() -> argparse.ArgumentParser:
     # The episode's turn cap: TAU2_MAX_TURNS when the script has it, else Tau2Config's default.
     c.add_argument("--max-turns", type=int, default=next(f.default for f in fields(Tau2Config) if f.name == "max_turns"))
     c.add_argument("--mem-fraction", type=float, default=0.7)
+    c.add_argument("--host-mem-gb", type=float, default=0.0)  # 0: HOST_MEM_GB unset
+    c.add_argument("--meminfo", type=Path, default=None)
     for flag in ("--cpu-adam", "--colocated", "--force"):
         c.add_argument(flag, type=int, choices=[0, 1], default=0)
     return parser
@@ -59,11 +73,17 @@ def check(a: argparse.Namespace) -> int:
     train = a.stage != "policy-server"
     lay = Layout(nodes=a.nodes, gpus_per_node=a.gpus_per_node, tp=a.tp, pp=a.pp, cp=a.cp, ep=a.ep,
                  cpu_adam=bool(a.cpu_adam), max_tokens_per_gpu=a.max_tokens_per_gpu, rollout_gpus=a.rollout_gpus,
-                 engine_gpus=a.engine_gpus, mem_fraction=a.mem_fraction, colocated=bool(a.colocated), train=train)
+                 engine_gpus=a.engine_gpus, mem_fraction=a.mem_fraction, colocated=bool(a.colocated), train=train,
+                 loss="sft" if a.stage == "sft" else "grpo", host_mem=int(a.host_mem_gb * GIB))
     work = Work(rollout_batch=a.rollout_batch, samples=a.samples, max_turns=a.max_turns)
     sheet = size(model, lay, work)
     for line in render(a.name, lay, work, sheet):
         print(f"{a.prog}: {line}", file=sys.stderr)
+    total = mem_total(a.meminfo) if not lay.host_mem and a.meminfo else 0
+    if total and sheet.host_per_node > RAY_MEMORY_THRESHOLD * total:
+        print(f"{a.prog}: warning: host memory: a node needs {gib(sheet.host_per_node)} GiB, over "
+              f"{RAY_MEMORY_THRESHOLD:.0%} of this machine's {gib(total)} GiB (Ray kills an actor past it); set "
+              "HOST_MEM_GB to the nodes' memory to refuse such a layout", file=sys.stderr)
     if sheet.refusal is None:
         return 0
     if a.force:
@@ -73,6 +93,17 @@ def check(a: argparse.Namespace) -> int:
         return 0
     print(f"{a.prog}: error: {sheet.refusal.line} (SIZING_FORCE=1 to try anyway)", file=sys.stderr)
     return 1
+
+
+def mem_total(meminfo: Path) -> int:
+    """MemTotal of a /proc/meminfo file in bytes; 0 when it cannot be read."""
+    try:
+        for line in meminfo.read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -15,13 +15,25 @@ Megatron's distributed optimizer; none of them on the GPU with CPU Adam, --optim
   weights 2 B, gradients 4 B per parameter on the rank; optimizer 12 B per parameter / its data-parallel shards
   (dense: world/(TP x PP), experts: world/(EP x PP));
   activations for T = --max-tokens-per-gpu tokens, full recompute of every layer (the scripts' --recompute-*):
-  each layer's bf16 input kept (T x hidden x 2 B x layers/PP), one layer's working set while it is recomputed
-  (T x 2 B x (8 x hidden + 3 x active FFN width + top-k x hidden for MoE dispatch)), and the fp32 logits with their
-  gradient (T x vocab x 8 B); all divided by TP (sequence parallel). Past the rank's share, ENGINE_RESERVE covers
-  the CUDA context, NCCL buffers and the allocator's fragmentation: an estimate, conservative by design.
+  each layer's bf16 input kept (T x hidden x 2 B x layers/PP) and one layer's working set while it is recomputed
+  (T x 2 B x (8 x hidden + 3 x active FFN width + top-k x hidden for MoE dispatch)), divided by TP (sequence
+  parallel); and the logits, [T, vocab/TP] on each rank, at the bytes per entry slime's loss keeps alive at its
+  peak (LOGIT_BYTES: Megatron's Float16Module upcasts the bf16 logits to fp32, GRPO divides them by the rollout
+  temperature into a second fp32 copy, and slime's vocab-parallel log-softmax (slime/utils/ppo_utils.py,
+  _VocabParallelLogProbEntropy) writes the softmax into a third; for the backward it keeps the softmax and, for
+  the entropy's gradient, the logits, and writes the entropy gradient into a third buffer: 12 B per entry in GRPO;
+  SFT, no temperature and no entropy, 8 B).
+  The rank's total must fit under the H100 less ENGINE_RESERVE (CUDA context, NCCL buffers) with ALLOCATOR_MARGIN
+  more for the caching allocator's fragmentation (variable-length packed micro-batches, MoE dispatch buffers).
 SGLang, per GPU of an engine of G GPUs: bf16 weights / G; KV cache = memory fraction x GPU memory - weights, each
 token 2 (K, V) x layers x max(1, KV heads / G) x head dim x 2 B. Colocated (slime's --colocate), training and
 rollout take turns on the same GPUs (slime offloads one while the other runs): each is checked on its own.
+Host memory, per node: each training actor holds slime's pinned bf16 weight backups (slime/utils/tensor_backper.py:
+the actor, and the KL reference in GRPO), with CPU Adam its optimizer shard on the host (Megatron's
+HybridDeviceOptimizer: fp32 master weights, fp32 pinned gradients, two fp32 moments, 16 B per parameter, and 4 B
+more for the step's temporaries), and a process base; each SGLang GPU a process of its own. The bases are fitted to
+the one public measurement at hand (THUDM/slime#1851): Qwen3-30B-A3B with CPU Adam on 8 H100s, 8 training actors
+at ~102 GiB each and the node at 999.9 of 1007.5 GiB when Ray's memory monitor killed one.
 """
 
 from __future__ import annotations
@@ -30,19 +42,35 @@ import math
 import shlex
 from dataclasses import dataclass, field, replace
 
+from tau2_rl_pipeline.scale.turns import mean_turns
+
 GIB = 1024**3
-# An H100 80GB as nvidia-smi reports it (81559 MiB) and what its CUDA context, NCCL buffers and allocator slack take.
+# An H100 80GB as nvidia-smi reports it (81559 MiB) and what its CUDA context and NCCL buffers take.
 GPU_BYTES = 81559 * 1024**2
 ENGINE_RESERVE = 6 * GIB
+# Fragmentation: PyTorch's caching allocator reserves more than the tensors it holds, the more so with packed
+# micro-batches of varying length and MoE token dispatch. 10% of the rank's tensors: an assumption, the smallest round
+# margin at which the sheet agrees with slime's own page (Qwen3-30B-A3B on one node's 8 GPUs needs CPU Adam), where
+# the tensors alone come to 71.1 of 73.6 GiB.
+ALLOCATOR_MARGIN = 0.10
+# Bytes per entry of the [tokens, vocab/TP] logits at the loss's peak (the module docstring): GRPO, SFT.
+LOGIT_BYTES = {"grpo": 12, "sft": 8}
 # The KV cache must hold at least one episode at the context limit the rollout allows (Qwen3's 32k window).
 MIN_KV_TOKENS = 32768
 
+# Host memory (the module docstring). Counted: 16 B per CPU Adam parameter held, 4 B of step temporaries (torch's
+# foreach Adam writes the moments' square roots into a parameter-sized list), a 2 B pinned weight backup per tag.
+# Fitted to THUDM/slime#1851 (102 GiB per actor, 999.9 GiB on the node, 8 actors and 8 SGLang GPUs): the rest.
+CPU_ADAM_HOST_BYTES = 16 + 4
+ACTOR_BASE = 16 * GIB
+ENGINE_HOST = 23 * GIB
+# Ray's memory monitor kills a worker past this share of the node's memory (RAY_memory_usage_threshold's default).
+RAY_MEMORY_THRESHOLD = 0.95
+
 # Episode length, for tokens per rollout step. Measured: the system turn (tau2's policy and tool schemas) is 5-7k
-# tokens (bench/README.md, P2 item 4); a trained episode has 7.2 policy turns on average (P6, sync: turns from tau2's
-# gold actions over the train splits plus a 5% tail running to the turn cap, the tail rate an assumption).
-# Assumed: 300 tokens per turn (the policy's reply and the observation after it).
+# tokens (bench/README.md, P2 item 4); the turns per episode follow scale/turns.py (P6's gold-implied turns and the
+# assumed 5% tail). Assumed: 300 tokens per turn (the policy's reply and the observation after it).
 PROMPT_TOKENS = 6000
-MEAN_TURNS = 7.2
 TOKENS_PER_TURN = 300
 
 
@@ -152,6 +180,8 @@ class Layout:
     mem_fraction: float = 0.7
     colocated: bool = False
     train: bool = True  # False: an SGLang server alone (the RFT policy server)
+    loss: str = "grpo"  # "grpo" or "sft": the logits' bytes and the weight backups (a KL reference in GRPO)
+    host_mem: int = 0  # bytes of host memory a node has (HOST_MEM_GB); 0: unknown, not checked
 
     @property
     def world(self) -> int:
@@ -199,7 +229,9 @@ class Sheet:
     train_grads: int = 0
     train_optimizer: int = 0
     train_activations: int = 0
-    cpu_adam_host_per_node: int = 0
+    cpu_adam_host_per_node: int = 0  # CPU Adam's share of host_per_node
+    host_per_actor: int = 0
+    host_per_node: int = 0
     sglang_weights: int = 0
     kv_cache: int = 0
     kv_tokens: int = 0
@@ -217,8 +249,8 @@ class Sheet:
 
 
 def tokens_per_episode(max_turns: int) -> float:
-    """Estimated trained tokens of one episode: the system turn and the mean turns (capped by the turn limit)."""
-    return PROMPT_TOKENS + min(MEAN_TURNS, max_turns) * TOKENS_PER_TURN
+    """Estimated trained tokens of one episode: the system turn and the mean turns at this turn cap."""
+    return PROMPT_TOKENS + mean_turns(max_turns) * TOKENS_PER_TURN
 
 
 def structure_refusals(m: Model, lay: Layout) -> list[Refusal]:
@@ -261,10 +293,19 @@ def train_memory(m: Model, lay: Layout) -> dict[str, int]:
     ffn_active = m.topk * m.moe_ffn if m.moe else m.ffn
     dispatch = m.topk * m.hidden if m.moe else 0
     activations = (t * m.hidden * 2 * layers + t * 2 * (8 * m.hidden + 3 * ffn_active + dispatch)
-                   + t * m.vocab * 8) / lay.tp
+                   + t * m.vocab * LOGIT_BYTES[lay.loss]) / lay.tp
+    cpu_adam = int(optimizer / 12 * CPU_ADAM_HOST_BYTES) if lay.cpu_adam else 0
+    backups = (2 if lay.loss == "grpo" else 1) * int(2 * (dense + experts))
     return {"train_weights": int(2 * (dense + experts)), "train_grads": int(4 * (dense + experts)),
             "train_optimizer": 0 if lay.cpu_adam else int(optimizer), "train_activations": int(activations),
-            "cpu_adam_host_per_node": int(optimizer) * lay.gpus_per_node if lay.cpu_adam else 0}
+            "cpu_adam_host_per_node": cpu_adam * lay.gpus_per_node,
+            "host_per_actor": cpu_adam + backups + ACTOR_BASE}
+
+
+def host_per_node(lay: Layout, per_actor: int) -> int:
+    """A node's host bytes: its training actors and its share of the SGLang GPUs (spread over the nodes)."""
+    actors = lay.gpus_per_node if lay.train else 0
+    return actors * per_actor + math.ceil(lay.rollout_gpus / lay.nodes) * ENGINE_HOST
 
 
 def sglang_memory(m: Model, lay: Layout) -> dict[str, int]:
@@ -286,13 +327,22 @@ def size(m: Model, lay: Layout, work: Work = Work()) -> Sheet:
     if work.rollout_batch:
         parts["episodes_per_step"] = work.rollout_batch * work.samples
         parts["tokens_per_step"] = int(parts["episodes_per_step"] * tokens_per_episode(work.max_turns))
+    parts["host_per_node"] = host_per_node(lay, parts.get("host_per_actor", 0))
     sheet = Sheet(params=m.params, active_params=m.active_params, **parts)
     budget = GPU_BYTES - ENGINE_RESERVE
-    if lay.train and sheet.train_total > budget:
+    if lay.train and sheet.train_total * (1 + ALLOCATOR_MARGIN) > budget:
         fix = ("lower the max tokens per GPU or add GPUs" if lay.cpu_adam else
                "set CPU_ADAM=1, add GPUs, raise TRAIN_TP/TRAIN_EP or lower the max tokens per GPU")
-        refusals.append(Refusal("memory", f"training needs {gib(sheet.train_total)} GiB per GPU, over the "
-                                          f"{gib(budget)} GiB an H100 80GB leaves: {fix}"))
+        refusals.append(Refusal("memory", f"training needs {gib(sheet.train_total)} GiB per GPU, "
+                                          f"{gib(sheet.train_total * (1 + ALLOCATOR_MARGIN))} with the allocator's "
+                                          f"{ALLOCATOR_MARGIN:.0%} margin, over the {gib(budget)} GiB an H100 80GB "
+                                          f"leaves: {fix}"))
+    if lay.host_mem and sheet.host_per_node > RAY_MEMORY_THRESHOLD * lay.host_mem:
+        fix = ("add nodes (CPU Adam's state shards over every training GPU) or raise TRAIN_EP/TRAIN_TP" if lay.cpu_adam
+               else "add nodes or put fewer training GPUs on a node")
+        refusals.append(Refusal("memory", f"host memory: a node needs {gib(sheet.host_per_node)} GiB, over "
+                                          f"{RAY_MEMORY_THRESHOLD:.0%} of HOST_MEM_GB={lay.host_mem / GIB:g} (Ray "
+                                          f"kills an actor past it): {fix}"))
     if lay.rollout_gpus and sheet.kv_tokens < MIN_KV_TOKENS:
         refusals.append(Refusal("memory", f"SGLang's KV cache holds {sheet.kv_tokens} tokens per engine at memory "
                                           f"fraction {lay.mem_fraction} ({gib(sheet.sglang_weights)} GiB of weights a "
@@ -314,9 +364,9 @@ def render(name: str, lay: Layout, work: Work, sheet: Sheet) -> list[str]:
                   f"EP{lay.ep} DP{dp}{', CPU Adam' if lay.cpu_adam else ''}, {lay.max_tokens_per_gpu} tokens per GPU",
                   f"  training, per GPU: {gib(sheet.train_total)} GiB = weights {gib(sheet.train_weights)} + gradients "
                   f"{gib(sheet.train_grads)} + optimizer {gib(sheet.train_optimizer)} + activations "
-                  f"{gib(sheet.train_activations)} (of {gib(GPU_BYTES - ENGINE_RESERVE)} GiB)"]
-    if lay.cpu_adam and lay.train:
-        lines.append(f"  CPU Adam: {gib(sheet.cpu_adam_host_per_node)} GiB of host memory per node")
+                  f"{gib(sheet.train_activations)}; {gib(sheet.train_total * (1 + ALLOCATOR_MARGIN))} with the "
+                  f"allocator's {ALLOCATOR_MARGIN:.0%} margin (of {gib(GPU_BYTES - ENGINE_RESERVE)} GiB)"]
+    lines.append(host_line(lay, sheet))
     if lay.rollout_gpus:
         engines = lay.rollout_gpus // max(lay.engine_gpus, 1)
         lines.append(f"  SGLang{', colocated' if lay.colocated else ''}: {engines} engine(s) x {lay.engine_gpus} "
@@ -327,3 +377,19 @@ def render(name: str, lay: Layout, work: Work, sheet: Sheet) -> list[str]:
                      f"{sheet.episodes_per_step} episodes, ~{sheet.tokens_per_step / 1e6:.2f}M tokens "
                      f"(up to {work.max_turns} turns)")
     return lines
+
+
+def host_line(lay: Layout, sheet: Sheet) -> str:
+    """Host memory per node, in parts, against HOST_MEM_GB when it is known."""
+    engines = math.ceil(lay.rollout_gpus / lay.nodes)
+    parts = []
+    if lay.train:
+        adam = f"CPU Adam {gib(sheet.cpu_adam_host_per_node / lay.gpus_per_node)} + " if lay.cpu_adam else ""
+        parts.append(f"{lay.gpus_per_node} training actor(s) x {gib(sheet.host_per_actor)} ({adam}weight backups "
+                     f"{gib(sheet.host_per_actor - sheet.cpu_adam_host_per_node / lay.gpus_per_node - ACTOR_BASE)} "
+                     f"+ process {gib(ACTOR_BASE)})")
+    if engines:
+        parts.append(f"{engines} SGLang GPU(s) x {gib(ENGINE_HOST)}")
+    limit = (f" (of HOST_MEM_GB={lay.host_mem / GIB:g}, {RAY_MEMORY_THRESHOLD:.0%} usable)" if lay.host_mem
+             else " (HOST_MEM_GB unset: not checked)")
+    return f"  host memory, per node: {gib(sheet.host_per_node)} GiB = " + " + ".join(parts) + limit
