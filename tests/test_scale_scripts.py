@@ -89,7 +89,7 @@ def test_grpo_sheet_counts_the_step(base: Path) -> None:
 
 
 @pytest.mark.parametrize("script, env, words", [
-    ("train_grpo.sh", {"MODEL": "qwen3-8b", "TRAIN_TP": "1"}, "training needs 87.5 GiB per GPU"),
+    ("train_grpo.sh", {"MODEL": "qwen3-8b", "TRAIN_TP": "1"}, "training needs 94.5 GiB per GPU"),
     ("train_sft.sh", {"TAU2_GPU_LAYOUT": "2", "CPU_ADAM": "0"}, "set CPU_ADAM=1"),
     ("train_grpo.sh", {"MODEL": "qwen3-30b-a3b", "ROLLOUT_GPUS_PER_ENGINE": "1"}, "KV cache holds 0 tokens"),
     ("start_policy_server.sh", {"MODEL": "qwen3-30b-a3b", "POLICY_TP": "1", "POLICY_MEM_FRACTION": "0.5"},
@@ -100,6 +100,12 @@ def test_grpo_sheet_counts_the_step(base: Path) -> None:
     ("train_grpo.sh", {"RECIPE": "qwen3-8b-tau2", "MODEL": "qwen3-1.7b"}, "trains MODEL=qwen3-8b"),
     ("train_sft.sh", {"CPU_ADAM": "maybe"}, "CPU_ADAM=maybe must be true or false"),
     ("train_sft.sh", {"TRAIN_PP": "0"}, "TRAIN_PP=0 must be a positive integer"),
+    # slime's docs/en/examples/qwen3-30B-A3B.md: one node's 8 GPUs need CPU Adam
+    ("train_sft.sh", {"MODEL": "qwen3-30b-a3b", "POLICY_GPUS": "0,1,2,3,4,5,6,7", "USER_SIM_GPUS": "8",
+                      "CPU_ADAM": "0"}, "76.3 with the allocator's 10% margin"),
+    ("train_grpo.sh", {"MODEL": "qwen3-8b", "HOST_MEM_GB": "200"}, "host memory: a node needs 217.0 GiB, over 95% "
+                                                                   "of HOST_MEM_GB=200"),
+    ("train_sft.sh", {"HOST_MEM_GB": "lots"}, "HOST_MEM_GB=lots must be a non-negative number"),
 ])
 def test_a_layout_that_cannot_fit_stops_in_one_line(tmp_path: Path, script: str, env: dict[str, str],
                                                    words: str) -> None:
@@ -111,8 +117,16 @@ def test_a_layout_that_cannot_fit_stops_in_one_line(tmp_path: Path, script: str,
 
 def test_sizing_force_goes_on_with_a_warning(tmp_path: Path) -> None:
     result = run_script("train_grpo.sh", tmp_path, MODEL="qwen3-8b", TRAIN_TP="1", SIZING_FORCE="1")
-    assert result.rc == 0 and "warning: training needs 87.5 GiB" in result.stderr
+    assert result.rc == 0 and "warning: training needs 94.5 GiB" in result.stderr
     assert "memory: the parsers accept it" in result.stderr
+
+
+def test_every_slime_stage_prints_host_memory_per_node(base: Path) -> None:
+    """Unset HOST_MEM_GB: printed, not checked, in a dry run; set and enough: checked, no warning."""
+    text = cached_dry("train_grpo.sh", base, MODEL="qwen3-30b-a3b").stderr
+    assert "host memory, per node: " in text and "CPU Adam " in text and "HOST_MEM_GB unset: not checked" in text
+    enough = cached_dry("train_sft.sh", base, HOST_MEM_GB="1024").stderr
+    assert "(of HOST_MEM_GB=1024, 95% usable)" in enough and "warning: host memory" not in enough
 
 
 def test_recipe_sets_the_published_protocol(base: Path) -> None:
