@@ -67,6 +67,12 @@ REFUSED = {
     "4b-world1-no-cpu-adam": ("train_sft.sh", {"TAU2_GPU_LAYOUT": "2", "CPU_ADAM": "0"}, "memory", "training needs"),
     "30b-kv-cache": ("train_grpo.sh", {"MODEL": "qwen3-30b-a3b", "ROLLOUT_GPUS_PER_ENGINE": "1"}, "memory",
                      "KV cache holds 0 tokens"),
+    # slime's docs/en/examples/qwen3-30B-A3B.md: TP4 x EP8 on one node's 8 GPUs needs CPU Adam
+    "30b-one-node-no-cpu-adam": ("train_sft.sh", {"MODEL": "qwen3-30b-a3b", "POLICY_GPUS": "0,1,2,3,4,5,6,7",
+                                                  "USER_SIM_GPUS": "8", "CPU_ADAM": "0"}, "memory",
+                                 "with the allocator's 10% margin"),
+    "8b-host-memory": ("train_grpo.sh", {"MODEL": "qwen3-8b", "HOST_MEM_GB": "200"}, "memory",
+                       "host memory: a node needs"),
     "30b-ep3": ("train_sft.sh", {"MODEL": "qwen3-30b-a3b", "TRAIN_EP": "3"}, "parsers", "must divide the 128 experts"),
     "4b-ep-dense": ("train_sft.sh", {"TRAIN_EP": "2"}, "parsers", "needs a mixture-of-experts model"),
     "14b-pp3": ("train_sft.sh", {"MODEL": "qwen3-14b", "POLICY_GPUS": "0,1,2,3,4,5", "USER_SIM_GPUS": "6,7",
