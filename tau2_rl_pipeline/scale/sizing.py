@@ -338,8 +338,8 @@ def size(m: Model, lay: Layout, work: Work = Work()) -> Sheet:
                                           f"{ALLOCATOR_MARGIN:.0%} margin, over the {gib(budget)} GiB an H100 80GB "
                                           f"leaves: {fix}"))
     if lay.host_mem and sheet.host_per_node > RAY_MEMORY_THRESHOLD * lay.host_mem:
-        fix = ("add nodes (CPU Adam's state shards over every training GPU) or raise TRAIN_EP/TRAIN_TP" if lay.cpu_adam
-               else "add nodes or put fewer training GPUs on a node")
+        fix = ("add nodes (CPU Adam's state shards over every training GPU; across nodes slime runs without it)"
+               if lay.cpu_adam else "add nodes or put fewer training GPUs on a node")
         refusals.append(Refusal("memory", f"host memory: a node needs {gib(sheet.host_per_node)} GiB, over "
                                           f"{RAY_MEMORY_THRESHOLD:.0%} of HOST_MEM_GB={lay.host_mem / GIB:g} (Ray "
                                           f"kills an actor past it): {fix}"))
