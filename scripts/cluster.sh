@@ -263,30 +263,32 @@ require_workers_reachable() {
   done
 }
 
-# `ray start --address` on every worker at once (as slime's script does); a worker that fails is named with the
-# last line it printed.
+# `ray start --address` on every worker at once (as slime's script does). Each worker is recorded before its start
+# (so the EXIT trap stops every worker tried, whatever failed), and every start is waited for before failing (a
+# worker still starting when another fails would otherwise start after its `ray stop`); the first worker that
+# failed is named with the last line it printed.
 ray_start_workers() {
-  local ip i logs=() pids=()
+  local ip i failed="" logs=() pids=()
   for ip in "${WORKERS[@]}"; do
     worker_cmd "${ip}" "$(worker_join_line "${ip}")"
     show_cmd "${WORKER_CMD[@]}"
-    if is_dry; then
-      WORKERS_STARTED+=("${ip}")
-    else
-      logs+=("$(mktemp)")
-      "${WORKER_CMD[@]}" >"${logs[-1]}" 2>&1 &
-      pids+=($!)
-    fi
+    WORKERS_STARTED+=("${ip}")
+    is_dry && continue
+    logs+=("$(mktemp)")
+    "${WORKER_CMD[@]}" >"${logs[-1]}" 2>&1 &
+    pids+=($!)
   done
   for i in "${!pids[@]}"; do
-    ip="${WORKERS[i]}"
-    wait "${pids[i]}" ||
-      die "worker ${ip} could not join the Ray cluster at ${MASTER_ADDR}:${RAY_GCS_PORT}: $(tail -n 1 "${logs[i]}")"
-    WORKERS_STARTED+=("${ip}")
+    wait "${pids[i]}" || [[ -n "${failed}" ]] ||
+      failed="worker ${WORKERS[i]} could not join the Ray cluster at ${MASTER_ADDR}:${RAY_GCS_PORT}: $(tail -n 1 "${logs[i]}")"
   done
   rm -f "${logs[@]}"
+  [[ -z "${failed}" ]] || die "${failed}"
 }
 
+# Stop what ray_start_head and ray_start_workers started or tried to start: each worker over ssh (RAY_WORKER_LAUNCH=
+# local: the head's `ray stop` stops every raylet here), then the head. Once: a second call (the EXIT trap after an
+# explicit call) does nothing; a worker whose stop fails is named and the others are still stopped.
 ray_stop_cluster() {
   local ip
   [[ "${RAY_STARTED}" == 1 ]] || return 0
@@ -297,7 +299,8 @@ ray_stop_cluster() {
       run "${WORKER_CMD[@]}" || note "warning: ray stop on worker ${ip} failed"
     done
   fi
-  run ray stop
+  WORKERS_STARTED=()
+  run ray stop || note "warning: ray stop on the head failed"
 }
 
 # Before training: every node joined with its GPUs, and sees the stage's paths where the head sees them (one Ray task
