@@ -35,14 +35,17 @@ is_ipv4() {
 }
 
 # The workers of HOSTFILE into WORKERS: one node per line, `ADDRESS [slots=N]` as in slime's mpi hostfile (the
-# address first; slots, if given, the node's GPUs), '#' comments and blank lines ignored, the head's own line
-# (MASTER_ADDR) skipped. A bad line is an error naming it.
+# address first; slots, if given, the node's GPUs), '#' comments, blank lines, spaces and tabs, Windows line ends and
+# a byte-order mark ignored, the head's own line (MASTER_ADDR) skipped. A bad line is an error naming it; so is a
+# worker line that is the head machine by another of its addresses (a second `ray start` there, on the same GPUs).
 WORKERS=()
 read_hostfile() {
-  local file=$1 line number=0 addr slots extra seen=" "
+  local file=$1 line number=0 addr slots extra seen=" " head
   [[ -f "${file}" ]] || die "HOSTFILE not found: ${file}"
   while IFS= read -r line || [[ -n "${line}" ]]; do
     number=$((number + 1))
+    line="${line//$'\r'/}"
+    ((number > 1)) || line="${line#$'\xef\xbb\xbf'}"
     read -r addr slots extra <<<"${line%%#*}"
     [[ -n "${addr}" ]] || continue
     local where="HOSTFILE ${file} line ${number}"
@@ -55,8 +58,24 @@ read_hostfile() {
     fi
     [[ "${seen}" != *" ${addr} "* ]] || die "${where}: ${addr} is listed twice"
     seen+="${addr} "
-    [[ "${addr}" == "${MASTER_ADDR}" ]] || WORKERS+=("${addr}")
+    [[ "${addr}" != "${MASTER_ADDR}" ]] || continue
+    head="$(head_machine "${addr}")"
+    [[ -z "${head}" ]] ||
+      die "${where}: ${addr} is the head machine (${head}): list each other machine once; the head's own line is MASTER_ADDR=${MASTER_ADDR}"
+    WORKERS+=("${addr}")
   done <"${file}"
+}
+
+# Why worker address $1 is the head machine itself, or nothing: the head's SLIME_HOST_IP, a loopback address while
+# the head is not on loopback, or (a real run over ssh) an address of this machine as `hostname -I` lists them.
+head_machine() {
+  if [[ "$1" == "${SLIME_HOST_IP:-}" ]]; then
+    echo "its SLIME_HOST_IP"
+  elif [[ "$1" == 127.* && "${MASTER_ADDR}" != 127.* ]]; then
+    echo "a loopback address is this machine"
+  elif ! is_dry && [[ "${RAY_WORKER_LAUNCH}" == ssh && " $(hostname -I 2>/dev/null) " == *" $1 "* ]]; then
+    echo "an address of this machine: hostname -I"
+  fi
 }
 
 # Does the interface list NAME (NCCL's syntax: comma-separated, `^` excludes, `=` exact, else a prefix; Gloo's:

@@ -189,6 +189,44 @@ def test_a_bad_hostfile_line_is_named(tmp_path: Path, lines: list[str], says: st
     assert says in one_line_error(result)
 
 
+def test_a_hostfile_from_windows_with_tabs_blank_lines_and_comments_is_read(tmp_path: Path) -> None:
+    """CRLF line ends, a byte-order mark, tabs and spaces around the fields, blank lines, comments: the same cluster
+    as the plain file."""
+    text = ("\ufeff# nodes\r\n" f"{MASTER}\tslots=8\r\n" "\r\n" "  \t\r\n" " 10.0.0.2  slots=4 \t# worker\r\n"
+            "\t10.0.0.3\r\n" "10.0.0.4 slots=8")
+    path = tmp_path / "hostfile"
+    path.write_bytes(text.encode("utf-8"))
+    result = dry("train_grpo.sh", tmp_path, HOSTFILE=str(path), **NETWORK)
+    assert [c[-2] for c in result.commands if c[0] == "ssh" and "ray start" in c[-1]] == workers(4)
+    assert plan(result) == plan(cluster(tmp_path, 4))
+
+
+@pytest.mark.parametrize("env, line, says", [
+    ({"SLIME_HOST_IP": "10.0.0.9"}, "10.0.0.9", "10.0.0.9 is the head machine (its SLIME_HOST_IP)"),
+    ({}, "127.0.0.2", "127.0.0.2 is the head machine (a loopback address is this machine)"),
+])
+def test_a_worker_line_naming_the_head_machine_is_refused(tmp_path: Path, env: dict[str, str], line: str,
+                                                          says: str) -> None:
+    result = run_script("train_grpo.sh", tmp_path, HOSTFILE=hostfile(tmp_path, MASTER, "10.0.0.2", line),
+                        **{**NETWORK, **env})
+    error = one_line_error(result)
+    assert f"line 3: {says}: list each other machine once; the head's own line is MASTER_ADDR={MASTER}" in error
+
+
+def test_a_worker_line_naming_an_address_of_this_machine_stops_a_real_run(tmp_path: Path) -> None:
+    own = subprocess.run(["hostname", "-I"], capture_output=True, text=True, check=False).stdout.split()
+    own = [a for a in own if re.fullmatch(r"\d+\.\d+\.\d+\.\d+", a) and not a.startswith("127.")]
+    if not own:
+        pytest.skip("hostname -I lists no IPv4 address here")
+    stage_inputs(tmp_path / "out")
+    calls = tmp_path / "calls"
+    result = run_script("train_sft.sh", tmp_path, dry=False, path_prefix=str(fake_cluster_tools(tmp_path)),
+                        HOSTFILE=hostfile(tmp_path, own[0]), CALLS=str(calls), **HEAD_HERE)
+    assert f"line 1: {own[0]} is the head machine (an address of this machine: hostname -I)" in one_line_error(result)
+    assert not calls.exists()  # nothing started
+    assert dry("train_sft.sh", tmp_path, HOSTFILE=hostfile(tmp_path, own[0]), **HEAD_HERE)  # a dry run may plan elsewhere
+
+
 @pytest.mark.parametrize("missing", ["MASTER_ADDR", "SLIME_HOST_IP", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"])
 def test_a_missing_interface_variable_is_named(tmp_path: Path, missing: str) -> None:
     env = {k: v for k, v in NETWORK.items() if k != missing}
