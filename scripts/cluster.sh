@@ -325,8 +325,10 @@ ray_stop_cluster() {
 # Before training: every node joined with its GPUs, and sees the stage's paths where the head sees them (one Ray task
 # pinned to each node reads them). On a cluster started here it runs as a Ray driver on the head; on one joined by
 # RAY_ADDRESS as a Ray job, from wherever the script runs.
-# cluster_check DIR... -- PATH...: each DIR (written: checkpoints) gets a check file with a fresh token that every
-# node must read back; each PATH (read: data, checkpoints to load, the HF model) must exist on every node.
+# cluster_check DIR... -- [--data FILE] [--checkpoint DIR] [--hf-model DIR]...: each DIR (written: checkpoints) gets
+# a check file with a fresh token that every node must read back; what follows `--` names what the stage reads, each
+# to be on every node as the head has it: the data file identical (size, sha256), the initial Megatron checkpoint and
+# the HF model complete (tau2_rl_pipeline/slime_plugins/cluster_inputs.py).
 cluster_check() {
   local path token log answer dirs=() cmd check
   ((NUM_NODES > 1)) || return 0
@@ -339,7 +341,7 @@ cluster_check() {
     shift
   done
   (($# == 0)) || shift
-  for path in "$@"; do check+=(--exists "${path}"); done
+  check+=("$@")
   if [[ -n "${RAY_ADDRESS}" ]]; then
     cmd=(ray job submit --address="${RAY_JOBS_API}" --runtime-env-json="$(ray_runtime_env_json)" -- "${PYTHON}"
       "${check[@]}")
@@ -365,7 +367,7 @@ cluster_check() {
 }
 
 # The cluster for a stage: print the plan; start it (head, then the workers) or join RAY_ADDRESS; check it. $@: the
-# arguments of cluster_check (DIR... -- PATH...). Leaves the script in slime's root, where the job runs from.
+# arguments of cluster_check (DIR... -- --data FILE --checkpoint DIR --hf-model DIR). Leaves the script in slime's root, where the job runs from.
 ray_cluster_up() {
   print_cluster_plan
   enter_dir "${SLIME_DIR}"

@@ -104,9 +104,9 @@ def test_the_scripts_start_a_cluster_from_a_hostfile(tmp_path: Path, nodes: int)
     assert checked["--address"] == [f"{MASTER}:6379"]  # a Ray driver on the head
     (token,) = checked["--token"]
     assert token.startswith(str(tmp_path / "out/checkpoints/grpo/.tau2-shared-check="))
-    assert checked["--exists"] == [str(tmp_path / p) for p in ("out/data/tasks/tau2_train_all_tasks.jsonl",
-                                                                "out/checkpoints/rft",
-                                                                "out/models/Qwen3-4B-Instruct-2507")]
+    assert (checked["--data"], checked["--checkpoint"], checked["--hf-model"]) == (
+        [str(tmp_path / "out/data/tasks/tau2_train_all_tasks.jsonl")], [str(tmp_path / "out/checkpoints/rft")],
+        [str(tmp_path / "out/models/Qwen3-4B-Instruct-2507")])
     # the EXIT trap stops the workers, then the head
     assert cmds[-1] == ["ray", "stop"] and [c[-2] for c in cmds if c[0] == "ssh" and c[-1] == "ray stop"] == workers(nodes)
     assert len(plan(result)) == nodes and plan(result)[0].startswith(f"{MASTER} (head): actor ranks 0-3; SGLang")
@@ -150,7 +150,12 @@ def test_sft_and_rft_train_on_every_node(tmp_path: Path, script: str) -> None:
     assert "--rollout-num-gpus" not in got and "--colocate" not in got
     assert plan(result)[3] == "10.0.0.4 (worker): actor ranks 12-15"
     saved = "rft" if script == "train_rft.sh" else "sft"
-    assert check_job(result)["--token"][0].startswith(str(tmp_path / f"out/checkpoints/{saved}/"))
+    checked = check_job(result)
+    assert checked["--token"][0].startswith(str(tmp_path / f"out/checkpoints/{saved}/"))
+    data = "out/data/sft_seed_plus_rft.jsonl" if script == "train_rft.sh" else "out/data/sft_seed.jsonl"
+    assert (checked["--data"], checked["--checkpoint"], checked["--hf-model"]) == (
+        [str(tmp_path / data)], [str(tmp_path / "out/models/Qwen3-4B-Instruct-2507_torch_dist")],
+        [str(tmp_path / "out/models/Qwen3-4B-Instruct-2507")])
 
 
 def test_joining_a_running_cluster_starts_and_stops_nothing(tmp_path: Path) -> None:
