@@ -13,7 +13,8 @@
 # each node). slime orders the GPUs of its placement group by node IP, then GPU id, and gives the actor the first
 # ones: print_cluster_plan prints that order, so a dry run shows which node runs what.
 # Every node must see the checkpoint and data directories at the same path (shared storage): before training the
-# head writes a check file there and a Ray task on each node reads it (cluster_check).
+# head writes a check file there and a Ray task on each node reads it, with what the stage reads: the data as the
+# head has it, the HF model and the initial checkpoint complete (cluster_check).
 
 HOSTFILE="${HOSTFILE:-}"
 RAY_ADDRESS="${RAY_ADDRESS:-}"
