@@ -13,7 +13,8 @@
 # each node). slime orders the GPUs of its placement group by node IP, then GPU id, and gives the actor the first
 # ones: print_cluster_plan prints that order, so a dry run shows which node runs what.
 # Every node must see the checkpoint and data directories at the same path (shared storage): before training the
-# head writes a check file there and a Ray task on each node reads it (cluster_check).
+# head writes a check file there and a Ray task on each node reads it, with what the stage reads: the data as the
+# head has it, the HF model and the initial checkpoint complete (cluster_check).
 
 HOSTFILE="${HOSTFILE:-}"
 RAY_ADDRESS="${RAY_ADDRESS:-}"
@@ -35,14 +36,17 @@ is_ipv4() {
 }
 
 # The workers of HOSTFILE into WORKERS: one node per line, `ADDRESS [slots=N]` as in slime's mpi hostfile (the
-# address first; slots, if given, the node's GPUs), '#' comments and blank lines ignored, the head's own line
-# (MASTER_ADDR) skipped. A bad line is an error naming it.
+# address first; slots, if given, the node's GPUs), '#' comments, blank lines, spaces and tabs, Windows line ends and
+# a byte-order mark ignored, the head's own line (MASTER_ADDR) skipped. A bad line is an error naming it; so is a
+# worker line that is the head machine by another of its addresses (a second `ray start` there, on the same GPUs).
 WORKERS=()
 read_hostfile() {
-  local file=$1 line number=0 addr slots extra seen=" "
+  local file=$1 line number=0 addr slots extra seen=" " head
   [[ -f "${file}" ]] || die "HOSTFILE not found: ${file}"
   while IFS= read -r line || [[ -n "${line}" ]]; do
     number=$((number + 1))
+    line="${line//$'\r'/}"
+    ((number > 1)) || line="${line#$'\xef\xbb\xbf'}"
     read -r addr slots extra <<<"${line%%#*}"
     [[ -n "${addr}" ]] || continue
     local where="HOSTFILE ${file} line ${number}"
@@ -55,8 +59,24 @@ read_hostfile() {
     fi
     [[ "${seen}" != *" ${addr} "* ]] || die "${where}: ${addr} is listed twice"
     seen+="${addr} "
-    [[ "${addr}" == "${MASTER_ADDR}" ]] || WORKERS+=("${addr}")
+    [[ "${addr}" != "${MASTER_ADDR}" ]] || continue
+    head="$(head_machine "${addr}")"
+    [[ -z "${head}" ]] ||
+      die "${where}: ${addr} is the head machine (${head}): list each other machine once; the head's own line is MASTER_ADDR=${MASTER_ADDR}"
+    WORKERS+=("${addr}")
   done <"${file}"
+}
+
+# Why worker address $1 is the head machine itself, or nothing: the head's SLIME_HOST_IP, a loopback address while
+# the head is not on loopback, or (a real run over ssh) an address of this machine as `hostname -I` lists them.
+head_machine() {
+  if [[ "$1" == "${SLIME_HOST_IP:-}" ]]; then
+    echo "its SLIME_HOST_IP"
+  elif [[ "$1" == 127.* && "${MASTER_ADDR}" != 127.* ]]; then
+    echo "a loopback address is this machine"
+  elif ! is_dry && [[ "${RAY_WORKER_LAUNCH}" == ssh && " $(hostname -I 2>/dev/null) " == *" $1 "* ]]; then
+    echo "an address of this machine: hostname -I"
+  fi
 }
 
 # Does the interface list NAME (NCCL's syntax: comma-separated, `^` excludes, `=` exact, else a prefix; Gloo's:
@@ -263,30 +283,32 @@ require_workers_reachable() {
   done
 }
 
-# `ray start --address` on every worker at once (as slime's script does); a worker that fails is named with the
-# last line it printed.
+# `ray start --address` on every worker at once (as slime's script does). Each worker is recorded before its start
+# (so the EXIT trap stops every worker tried, whatever failed), and every start is waited for before failing (a
+# worker still starting when another fails would otherwise start after its `ray stop`); the first worker that
+# failed is named with the last line it printed.
 ray_start_workers() {
-  local ip i logs=() pids=()
+  local ip i failed="" logs=() pids=()
   for ip in "${WORKERS[@]}"; do
     worker_cmd "${ip}" "$(worker_join_line "${ip}")"
     show_cmd "${WORKER_CMD[@]}"
-    if is_dry; then
-      WORKERS_STARTED+=("${ip}")
-    else
-      logs+=("$(mktemp)")
-      "${WORKER_CMD[@]}" >"${logs[-1]}" 2>&1 &
-      pids+=($!)
-    fi
+    WORKERS_STARTED+=("${ip}")
+    is_dry && continue
+    logs+=("$(mktemp)")
+    "${WORKER_CMD[@]}" >"${logs[-1]}" 2>&1 &
+    pids+=($!)
   done
   for i in "${!pids[@]}"; do
-    ip="${WORKERS[i]}"
-    wait "${pids[i]}" ||
-      die "worker ${ip} could not join the Ray cluster at ${MASTER_ADDR}:${RAY_GCS_PORT}: $(tail -n 1 "${logs[i]}")"
-    WORKERS_STARTED+=("${ip}")
+    wait "${pids[i]}" || [[ -n "${failed}" ]] ||
+      failed="worker ${WORKERS[i]} could not join the Ray cluster at ${MASTER_ADDR}:${RAY_GCS_PORT}: $(tail -n 1 "${logs[i]}")"
   done
   rm -f "${logs[@]}"
+  [[ -z "${failed}" ]] || die "${failed}"
 }
 
+# Stop what ray_start_head and ray_start_workers started or tried to start: each worker over ssh (RAY_WORKER_LAUNCH=
+# local: the head's `ray stop` stops every raylet here), then the head. Once: a second call (the EXIT trap after an
+# explicit call) does nothing; a worker whose stop fails is named and the others are still stopped.
 ray_stop_cluster() {
   local ip
   [[ "${RAY_STARTED}" == 1 ]] || return 0
@@ -297,14 +319,17 @@ ray_stop_cluster() {
       run "${WORKER_CMD[@]}" || note "warning: ray stop on worker ${ip} failed"
     done
   fi
-  run ray stop
+  WORKERS_STARTED=()
+  run ray stop || note "warning: ray stop on the head failed"
 }
 
 # Before training: every node joined with its GPUs, and sees the stage's paths where the head sees them (one Ray task
 # pinned to each node reads them). On a cluster started here it runs as a Ray driver on the head; on one joined by
 # RAY_ADDRESS as a Ray job, from wherever the script runs.
-# cluster_check DIR... -- PATH...: each DIR (written: checkpoints) gets a check file with a fresh token that every
-# node must read back; each PATH (read: data, checkpoints to load, the HF model) must exist on every node.
+# cluster_check DIR... -- [--data FILE] [--checkpoint DIR] [--hf-model DIR]...: each DIR (written: checkpoints) gets
+# a check file with a fresh token that every node must read back; what follows `--` names what the stage reads, each
+# to be on every node as the head has it: the data file identical (size, sha256), the initial Megatron checkpoint and
+# the HF model complete (tau2_rl_pipeline/slime_plugins/cluster_inputs.py).
 cluster_check() {
   local path token log answer dirs=() cmd check
   ((NUM_NODES > 1)) || return 0
@@ -317,7 +342,7 @@ cluster_check() {
     shift
   done
   (($# == 0)) || shift
-  for path in "$@"; do check+=(--exists "${path}"); done
+  check+=("$@")
   if [[ -n "${RAY_ADDRESS}" ]]; then
     cmd=(ray job submit --address="${RAY_JOBS_API}" --runtime-env-json="$(ray_runtime_env_json)" -- "${PYTHON}"
       "${check[@]}")
@@ -343,7 +368,7 @@ cluster_check() {
 }
 
 # The cluster for a stage: print the plan; start it (head, then the workers) or join RAY_ADDRESS; check it. $@: the
-# arguments of cluster_check (DIR... -- PATH...). Leaves the script in slime's root, where the job runs from.
+# arguments of cluster_check (DIR... -- --data FILE --checkpoint DIR --hf-model DIR). Leaves the script in slime's root, where the job runs from.
 ray_cluster_up() {
   print_cluster_plan
   enter_dir "${SLIME_DIR}"

@@ -349,11 +349,11 @@ ray_start_head() {
   require_tool ray "Ray ships in the slime image"
   local temp_dir=()
   [[ -z "${RAY_TEMP_DIR}" ]] || temp_dir=(--temp-dir "${RAY_TEMP_DIR}")
+  RAY_STARTED=1  # before the start: a head that fails half-way is stopped too
+  trap ray_stop_cluster EXIT
   run env CUDA_VISIBLE_DEVICES="${POLICY_GPUS}" ray start --head --node-ip-address "${MASTER_ADDR}" \
     --port "${RAY_GCS_PORT}" --num-gpus "${NUM_POLICY_GPUS}" --disable-usage-stats \
     --dashboard-host 127.0.0.1 --dashboard-port "${RAY_DASHBOARD_PORT}" "${temp_dir[@]}"
-  RAY_STARTED=1
-  trap ray_stop_cluster EXIT
 }
 
 # Submit slime's entry point ($1: train.py or train_async.py) with the remaining arguments and wait for it.

@@ -238,8 +238,10 @@ mapfile -t MISC_ARGS < <(misc_flags)
 mapfile -t WANDB_ARGS < <(wandb_flags "${GRPO_WANDB_GROUP}")
 mapfile -t EXTRA_ARGS < <(extra_flags)
 
-# Every node must see the checkpoint it writes and what it reads (shared storage; checked on a multi-node cluster).
-ray_cluster_up "${GRPO_CKPT_DIR}" -- "${GRPO_PROMPT_DATA}" "${GRPO_INIT_DIR}" "${BASE_HF_DIR}"
+# Every node must see the checkpoint it writes and what it reads, as the head has it (shared storage; checked on a
+# multi-node cluster: the data identical, the initial checkpoint and the HF model complete).
+ray_cluster_up "${GRPO_CKPT_DIR}" -- --data "${GRPO_PROMPT_DATA}" --checkpoint "${GRPO_INIT_DIR}" \
+  --hf-model "${BASE_HF_DIR}"
 ray_submit "${ENTRY}" \
   "${PLACEMENT_ARGS[@]}" \
   "${MODEL_ARGS[@]}" \

@@ -104,9 +104,9 @@ def test_the_scripts_start_a_cluster_from_a_hostfile(tmp_path: Path, nodes: int)
     assert checked["--address"] == [f"{MASTER}:6379"]  # a Ray driver on the head
     (token,) = checked["--token"]
     assert token.startswith(str(tmp_path / "out/checkpoints/grpo/.tau2-shared-check="))
-    assert checked["--exists"] == [str(tmp_path / p) for p in ("out/data/tasks/tau2_train_all_tasks.jsonl",
-                                                                "out/checkpoints/rft",
-                                                                "out/models/Qwen3-4B-Instruct-2507")]
+    assert (checked["--data"], checked["--checkpoint"], checked["--hf-model"]) == (
+        [str(tmp_path / "out/data/tasks/tau2_train_all_tasks.jsonl")], [str(tmp_path / "out/checkpoints/rft")],
+        [str(tmp_path / "out/models/Qwen3-4B-Instruct-2507")])
     # the EXIT trap stops the workers, then the head
     assert cmds[-1] == ["ray", "stop"] and [c[-2] for c in cmds if c[0] == "ssh" and c[-1] == "ray stop"] == workers(nodes)
     assert len(plan(result)) == nodes and plan(result)[0].startswith(f"{MASTER} (head): actor ranks 0-3; SGLang")
@@ -150,7 +150,12 @@ def test_sft_and_rft_train_on_every_node(tmp_path: Path, script: str) -> None:
     assert "--rollout-num-gpus" not in got and "--colocate" not in got
     assert plan(result)[3] == "10.0.0.4 (worker): actor ranks 12-15"
     saved = "rft" if script == "train_rft.sh" else "sft"
-    assert check_job(result)["--token"][0].startswith(str(tmp_path / f"out/checkpoints/{saved}/"))
+    checked = check_job(result)
+    assert checked["--token"][0].startswith(str(tmp_path / f"out/checkpoints/{saved}/"))
+    data = "out/data/sft_seed_plus_rft.jsonl" if script == "train_rft.sh" else "out/data/sft_seed.jsonl"
+    assert (checked["--data"], checked["--checkpoint"], checked["--hf-model"]) == (
+        [str(tmp_path / data)], [str(tmp_path / "out/models/Qwen3-4B-Instruct-2507_torch_dist")],
+        [str(tmp_path / "out/models/Qwen3-4B-Instruct-2507")])
 
 
 def test_joining_a_running_cluster_starts_and_stops_nothing(tmp_path: Path) -> None:
@@ -187,6 +192,44 @@ def test_each_node_announces_its_own_address(tmp_path: Path) -> None:
 def test_a_bad_hostfile_line_is_named(tmp_path: Path, lines: list[str], says: str) -> None:
     result = run_script("train_grpo.sh", tmp_path, HOSTFILE=hostfile(tmp_path, *lines), **NETWORK)
     assert says in one_line_error(result)
+
+
+def test_a_hostfile_from_windows_with_tabs_blank_lines_and_comments_is_read(tmp_path: Path) -> None:
+    """CRLF line ends, a byte-order mark, tabs and spaces around the fields, blank lines, comments: the same cluster
+    as the plain file."""
+    text = ("\ufeff# nodes\r\n" f"{MASTER}\tslots=8\r\n" "\r\n" "  \t\r\n" " 10.0.0.2  slots=4 \t# worker\r\n"
+            "\t10.0.0.3\r\n" "10.0.0.4 slots=8")
+    path = tmp_path / "hostfile"
+    path.write_bytes(text.encode("utf-8"))
+    result = dry("train_grpo.sh", tmp_path, HOSTFILE=str(path), **NETWORK)
+    assert [c[-2] for c in result.commands if c[0] == "ssh" and "ray start" in c[-1]] == workers(4)
+    assert plan(result) == plan(cluster(tmp_path, 4))
+
+
+@pytest.mark.parametrize("env, line, says", [
+    ({"SLIME_HOST_IP": "10.0.0.9"}, "10.0.0.9", "10.0.0.9 is the head machine (its SLIME_HOST_IP)"),
+    ({}, "127.0.0.2", "127.0.0.2 is the head machine (a loopback address is this machine)"),
+])
+def test_a_worker_line_naming_the_head_machine_is_refused(tmp_path: Path, env: dict[str, str], line: str,
+                                                          says: str) -> None:
+    result = run_script("train_grpo.sh", tmp_path, HOSTFILE=hostfile(tmp_path, MASTER, "10.0.0.2", line),
+                        **{**NETWORK, **env})
+    error = one_line_error(result)
+    assert f"line 3: {says}: list each other machine once; the head's own line is MASTER_ADDR={MASTER}" in error
+
+
+def test_a_worker_line_naming_an_address_of_this_machine_stops_a_real_run(tmp_path: Path) -> None:
+    own = subprocess.run(["hostname", "-I"], capture_output=True, text=True, check=False).stdout.split()
+    own = [a for a in own if re.fullmatch(r"\d+\.\d+\.\d+\.\d+", a) and not a.startswith("127.")]
+    if not own:
+        pytest.skip("hostname -I lists no IPv4 address here")
+    stage_inputs(tmp_path / "out")
+    calls = tmp_path / "calls"
+    result = run_script("train_sft.sh", tmp_path, dry=False, path_prefix=str(fake_cluster_tools(tmp_path)),
+                        HOSTFILE=hostfile(tmp_path, own[0]), CALLS=str(calls), **HEAD_HERE)
+    assert f"line 1: {own[0]} is the head machine (an address of this machine: hostname -I)" in one_line_error(result)
+    assert not calls.exists()  # nothing started
+    assert dry("train_sft.sh", tmp_path, HOSTFILE=hostfile(tmp_path, own[0]), **HEAD_HERE)  # a dry run may plan elsewhere
 
 
 @pytest.mark.parametrize("missing", ["MASTER_ADDR", "SLIME_HOST_IP", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"])
@@ -327,3 +370,99 @@ def test_a_head_address_of_another_node_stops_a_real_run_before_anything_starts(
     assert result.rc == 1 and not any("ray" in c for c in result.commands)
     assert result.stderr.strip().splitlines()[-1].startswith(
         "train_sft.sh: error: MASTER_ADDR=203.0.113.1 is not an address of this node (it has: ")
+
+
+# ---- a half-started cluster: whatever failed, every host tried is stopped ----------------------------------------
+# Stand-ins for the three tools a real start calls, each appending what it was asked to do to $CALLS: `ssh HOST
+# LINE` (the last two arguments, as RAY_SSH passes them), `ray`, and `nvidia-smi -L` (ray_start_head checks the GPU
+# ids). The worker in $FAIL_START fails its `ray start` as Ray does when the GCS cannot be reached; the worker in
+# $LATE_START finishes its start only once that failure has happened (a worker still starting when another fails).
+FAKE_SSH = """#!/bin/bash
+host="${@: -2:1}" line="${@: -1}"
+case "${line}" in
+  true) exit 0 ;;
+  "ray stop") echo "stop ${host}" >>"${CALLS}" ;;
+  *"ray start"*)
+    echo "start ${host}" >>"${CALLS}"
+    if [[ "${host}" == "${FAIL_START:-}" ]]; then
+      touch "${CALLS}.failed"; echo 'ConnectionError: could not reach the GCS' >&2; exit 1
+    fi
+    if [[ "${host}" == "${LATE_START:-}" ]]; then
+      for _ in $(seq 600); do [[ -e "${CALLS}.failed" ]] && break; sleep 0.1; done
+    fi
+    echo "started ${host}" >>"${CALLS}" ;;
+esac
+"""
+FAKE_RAY = """#!/bin/bash
+case "$1 $2" in
+  "start --head") echo "start head" >>"${CALLS}"; [[ -z "${FAIL_HEAD:-}" ]] || exit 1 ;;
+  "stop "*) echo "stop head" >>"${CALLS}" ;;
+  *) echo "ray $*" >>"${CALLS}" ;;
+esac
+"""
+
+
+def fake_cluster_tools(tmp_path: Path) -> Path:
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    tools = {"ssh": FAKE_SSH, "ray": FAKE_RAY,
+             "nvidia-smi": "#!/bin/sh\nfor i in 0 1 2 3; do echo \"GPU $i: NVIDIA H100 (UUID: GPU-$i)\"; done\n"}
+    for name, text in tools.items():
+        (bindir / name).write_text(text)
+        (bindir / name).chmod(0o755)
+    return bindir
+
+
+def stage_inputs(out: Path) -> None:
+    for path in ("data/sft_seed.jsonl", "models/Qwen3-4B-Instruct-2507/config.json"):
+        (out / path).parent.mkdir(parents=True, exist_ok=True)
+        (out / path).write_text("{}\n")
+    (out / "models/Qwen3-4B-Instruct-2507_torch_dist").mkdir()
+
+
+HEAD_HERE = {**NETWORK, "MASTER_ADDR": "127.0.0.4", "SLIME_HOST_IP": "127.0.0.4"}  # an address of this node
+
+
+def test_a_failing_first_worker_leaves_no_worker_running(tmp_path: Path) -> None:
+    """Three hosts: the first worker's `ray start` fails while the second's is still starting; the second, which
+    did start, is stopped after its start ended, then the head; the error names the first."""
+    stage_inputs(tmp_path / "out")
+    calls, gcs = tmp_path / "calls", free_port()
+    result = run_script("train_sft.sh", tmp_path, dry=False, path_prefix=str(fake_cluster_tools(tmp_path)),
+                        SLIME_DIR=str(tmp_path), HOSTFILE=hostfile(tmp_path, "127.0.0.5", "127.0.0.6"),
+                        RAY_GCS_PORT=str(gcs), RAY_DASHBOARD_PORT=str(free_port()), CALLS=str(calls),
+                        FAIL_START="127.0.0.5", LATE_START="127.0.0.6", **HEAD_HERE)
+    assert result.rc == 1
+    assert result.stderr.strip().splitlines()[-1] == (f"train_sft.sh: error: worker 127.0.0.5 could not join the Ray "
+                                                      f"cluster at 127.0.0.4:{gcs}: ConnectionError: could not reach "
+                                                      "the GCS")
+    log = calls.read_text().splitlines()
+    assert log[0] == "start head" and sorted(log[1:3]) == ["start 127.0.0.5", "start 127.0.0.6"]
+    assert log[3:] == ["started 127.0.0.6", "stop 127.0.0.5", "stop 127.0.0.6", "stop head"]
+
+
+def test_a_head_that_fails_to_start_is_stopped_and_no_worker_started(tmp_path: Path) -> None:
+    stage_inputs(tmp_path / "out")
+    calls = tmp_path / "calls"
+    result = run_script("train_sft.sh", tmp_path, dry=False, path_prefix=str(fake_cluster_tools(tmp_path)),
+                        SLIME_DIR=str(tmp_path), HOSTFILE=hostfile(tmp_path, "127.0.0.5", "127.0.0.6"),
+                        RAY_GCS_PORT=str(free_port()), RAY_DASHBOARD_PORT=str(free_port()), CALLS=str(calls),
+                        FAIL_HEAD="1", **HEAD_HERE)
+    assert result.rc == 1 and calls.read_text().splitlines() == ["start head", "stop head"]
+
+
+def test_stopping_the_cluster_twice_stops_each_host_once(tmp_path: Path) -> None:
+    """ray_stop_cluster called by a script, then by the EXIT trap: every host stopped once."""
+    bindir = fake_cluster_tools(tmp_path)
+    driver = 'source "$1/scripts/common.sh"; ray_start_head; ray_start_workers; ray_stop_cluster; ray_stop_cluster'
+    calls = tmp_path / "calls"
+    env = {"PATH": f"{bindir}:/usr/bin:/bin", "HOME": str(tmp_path), "TAU2_OUT_DIR": str(tmp_path / "out"),
+           "SLIME_DIR": str(tmp_path), "HOSTFILE": hostfile(tmp_path, "127.0.0.5", "127.0.0.6", "127.0.0.7"),
+           "RAY_GCS_PORT": str(free_port()), "RAY_DASHBOARD_PORT": str(free_port()), "CALLS": str(calls), **HEAD_HERE}
+    proc = subprocess.run(["bash", "-c", driver, "train_grpo.sh", str(Path(__file__).resolve().parents[1])], env=env,
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 0, proc.stderr
+    log = calls.read_text().splitlines()
+    assert sorted(line for line in log if line.startswith("stop")) == [
+        "stop 127.0.0.5", "stop 127.0.0.6", "stop 127.0.0.7", "stop head"]
+    assert log[-1] == "stop head"

@@ -1,5 +1,7 @@
 """Before a multi-node slime run: every node the layout needs has joined the Ray cluster with its GPUs, and every node
-sees the stage's checkpoint and data paths where the head sees them (storage every node mounts at the same path).
+sees the stage's checkpoint and data paths where the head sees them (storage every node mounts at the same path),
+with the same content: the data file identical to the head's (size and sha256), the HF model and the initial
+Megatron checkpoint complete (cluster_inputs.py says what complete means for each).
 
 Why: slime's actors on a worker load `--load` and save `--save` by path, and decide where a resumed run starts from
 `latest_checkpointed_iteration.txt` there; a worker with its own local directory would start at another rollout id
@@ -10,10 +12,11 @@ scripts/cluster.sh runs it on the head of a cluster it started (a Ray driver at 
 job on a cluster it joined (Slurm, KubeRay: `ray job submit -- python -m ...`, no --address):
 
     python -m tau2_rl_pipeline.slime_plugins.cluster_check --address 10.0.0.1:6379 --nodes 2 --gpus-per-node 8 \
-        --expect 10.0.0.1,10.0.0.2 --token /ckpt/grpo/.tau2-shared-check=TOKEN --exists /data/tasks.jsonl
+        --expect 10.0.0.1,10.0.0.2 --token /ckpt/grpo/.tau2-shared-check=TOKEN --data /data/tasks.jsonl \
+        --checkpoint /ckpt/rft --hf-model /models/Qwen3-4B
 
 It prints `cluster check: ...` and exits 0, or prints one line `cluster check failed: ...` naming the node and what
-it lacks, and exits 1. `problems` is the pure comparison; Ray is at the edges.
+it lacks, and exits 1. `joined_problems` and `storage_problems` are the pure verdicts; Ray is at the edges.
 """
 
 from __future__ import annotations
@@ -24,18 +27,41 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tau2_rl_pipeline.slime_plugins.cluster_inputs import (
+    CheckpointFacts,
+    DirFacts,
+    FileFacts,
+    checkpoint_missing,
+    data_differs,
+    hf_model_missing,
+    read_checkpoint,
+    read_data,
+    read_hf_model,
+)
+
 SHARED_STORAGE_HINT = "put checkpoints and data on storage every node mounts at the same path"
 
 
 @dataclass(frozen=True)
 class NodeView:
     """What one alive Ray node has and sees: its address, its GPUs, the token files' contents (None: not there) and
-    which of the paths exist on it."""
+    what it has at each input path (cluster_inputs.py)."""
 
     ip: str
     gpus: float
     tokens: dict[str, str | None] = field(default_factory=dict)
-    exists: dict[str, bool] = field(default_factory=dict)
+    data: dict[str, FileFacts] = field(default_factory=dict)
+    models: dict[str, DirFacts] = field(default_factory=dict)
+    checkpoints: dict[str, CheckpointFacts] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """The paths a stage reads, by kind."""
+
+    data: list[str] = field(default_factory=list)
+    models: list[str] = field(default_factory=list)
+    checkpoints: list[str] = field(default_factory=list)
 
 
 def joined_problems(nodes: list[NodeView], *, num_nodes: int, gpus_per_node: int, expect: list[str]) -> list[str]:
@@ -53,24 +79,47 @@ def joined_problems(nodes: list[NodeView], *, num_nodes: int, gpus_per_node: int
     return []
 
 
-def storage_problems(nodes: list[NodeView], tokens: dict[str, str], exists: list[str]) -> list[str]:
-    """Each node must read back every token the head wrote and see every path."""
+def storage_problems(nodes: list[NodeView], tokens: dict[str, str], inputs: Inputs, head: str) -> list[str]:
+    """Each node must read back every token the head wrote, see every input, have the data file the head has and a
+    complete HF model and checkpoint. The head's problems come first; another node's incomplete copy of what is
+    complete on the head points at the storage."""
+    ref = next((n for n in nodes if n.ip == head), NodeView(head, 0))
     out = []
-    for node in nodes:
+    for node in sorted(nodes, key=lambda n: n.ip != head):
         for path, token in tokens.items():
             got = node.tokens.get(path)
             if got != token:
                 seen = "does not see" if got is None else "sees another"
                 out.append(f"node {node.ip} {seen} {path} written on the head: {SHARED_STORAGE_HINT}")
-        out += [f"node {node.ip} does not see {path}: {SHARED_STORAGE_HINT}" for path in exists
-                if not node.exists.get(path, False)]
+        out += _content_problems(node, ref, inputs)
     return out
 
 
-def _read(tokens: list[str], exists: list[str]) -> tuple[dict[str, str | None], dict[str, bool]]:
-    """On one node: the token files' contents and which paths exist."""
-    import os
+def _content_problems(node: NodeView, ref: NodeView, inputs: Inputs) -> list[str]:
+    out = []
+    for path in inputs.data:
+        facts = node.data.get(path, FileFacts(None))
+        if facts.size is None:
+            out.append(f"node {node.ip} does not see {path}: {SHARED_STORAGE_HINT}")
+        elif why := data_differs(facts, ref.data.get(path, FileFacts(None))):
+            out.append(f"node {node.ip}: data file {path} {why}: {SHARED_STORAGE_HINT}")
+    kinds = (("HF model", inputs.models, node.models, ref.models, hf_model_missing, DirFacts(None)),
+             ("initial checkpoint", inputs.checkpoints, node.checkpoints, ref.checkpoints, checkpoint_missing,
+              CheckpointFacts(DirFacts(None))))
+    for what, paths, got, heads, missing, absent in kinds:
+        for path in paths:
+            facts = got.get(path, absent)
+            if facts.files is None:
+                out.append(f"node {node.ip} does not see {path}: {SHARED_STORAGE_HINT}")
+            elif why := missing(facts):
+                shared = node is not ref and path in heads and missing(heads[path]) is None
+                out.append(f"node {node.ip}: {what} {path} {why}"
+                           + (f" (the head's is complete: {SHARED_STORAGE_HINT})" if shared else ""))
+    return out
 
+
+def _read(tokens: list[str], inputs: Inputs) -> tuple[dict[str, str | None], dict, dict, dict]:
+    """On one node: the token files' contents and what is at each input path."""
     got: dict[str, str | None] = {}
     for path in tokens:
         try:
@@ -78,7 +127,8 @@ def _read(tokens: list[str], exists: list[str]) -> tuple[dict[str, str | None], 
                 got[path] = f.read()
         except OSError:
             got[path] = None
-    return got, {path: os.path.exists(path) for path in exists}
+    return (got, {p: read_data(p) for p in inputs.data}, {p: read_hf_model(p) for p in inputs.models},
+            {p: read_checkpoint(p) for p in inputs.checkpoints})
 
 
 def alive_nodes() -> list[dict]:
@@ -98,7 +148,7 @@ def wait_for_nodes(num_nodes: int, gpus_per_node: int, expect: list[str], timeou
         time.sleep(1.0)
 
 
-def read_on_every_node(views: list[NodeView], tokens: list[str], exists: list[str]) -> list[NodeView]:
+def read_on_every_node(views: list[NodeView], tokens: list[str], inputs: Inputs) -> list[NodeView]:
     """One task pinned to each alive node reads the paths there."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -106,7 +156,7 @@ def read_on_every_node(views: list[NodeView], tokens: list[str], exists: list[st
     ids = {n["NodeManagerAddress"]: n["NodeID"] for n in alive_nodes()}
     read = ray.remote(num_cpus=0)(_read)
     refs = [read.options(scheduling_strategy=NodeAffinitySchedulingStrategy(ids[v.ip], soft=False)).remote(
-        tokens, exists) for v in views]
+        tokens, inputs) for v in views]
     return [NodeView(v.ip, v.gpus, *answer) for v, answer in zip(views, ray.get(refs))]
 
 
@@ -126,7 +176,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--expect", default="", help="comma-separated node addresses that must have joined")
     parser.add_argument("--token", type=parse_token, action="append", default=[],
                         help="PATH=TOKEN: a file the head wrote; every node must read TOKEN from PATH")
-    parser.add_argument("--exists", action="append", default=[], help="a path every node must see")
+    parser.add_argument("--data", action="append", default=[],
+                        help="a data file every node must have, the same size and sha256 as the head's")
+    parser.add_argument("--hf-model", action="append", default=[],
+                        help="a Hugging Face model directory every node must have complete: config.json, weights")
+    parser.add_argument("--checkpoint", action="append", default=[],
+                        help="a Megatron checkpoint directory every node must have complete: the tracked iteration")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for the nodes to join")
     return parser
 
@@ -146,15 +201,19 @@ def main(argv: list[str] | None = None) -> int:
     expect = [ip for ip in args.expect.split(",") if ip]
     views = wait_for_nodes(args.nodes, args.gpus_per_node, expect, args.timeout)
     problems = joined_problems(views, num_nodes=args.nodes, gpus_per_node=args.gpus_per_node, expect=expect)
+    tokens = dict(args.token)
+    inputs = Inputs(args.data, args.hf_model, args.checkpoint)
     if not problems:
-        tokens = dict(args.token)
-        views = read_on_every_node(views, list(tokens), args.exists)
-        problems = storage_problems(views, tokens, args.exists)
+        views = read_on_every_node(views, list(tokens), inputs)
+        head = args.address.rsplit(":", 1)[0] if args.address else ray.util.get_node_ip_address()
+        problems = storage_problems(views, tokens, inputs, head)
     if problems:
         print(f"cluster check failed: {problems[0]}" + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""))
         return 1
-    print(f"cluster check: {len(views)} node(s) joined ({', '.join(sorted(v.ip for v in views))}); "
-          f"{len(args.token) + len(args.exists)} path(s) seen on every node")
+    print(f"cluster check: {len(views)} node(s) joined ({', '.join(sorted(v.ip for v in views))}); on every node "
+          f"{len(tokens)} file(s) written on the head read back, {len(inputs.data)} data file(s) identical to the "
+          f"head's (size, sha256), {len(inputs.models)} HF model(s) and {len(inputs.checkpoints)} Megatron "
+          "checkpoint(s) complete")
     return 0
 
 

@@ -90,7 +90,7 @@ source "$1/scripts/common.sh"
 mkdir -p "${GRPO_DATA%/*}" && printf '{}\\n' >"${GRPO_DATA}"
 cluster_placement colocate  # as train_grpo.sh: its plan is printed as the cluster comes up
 ray_stop_cluster() { :; }  # never `ray stop` (every Ray on this machine): the test stops this cluster by pid
-ray_cluster_up "${CKPT_DIR}/grpo" -- "${GRPO_DATA}"
+ray_cluster_up "${CKPT_DIR}/grpo" -- --data "${GRPO_DATA}"
 """
 
 
@@ -188,7 +188,9 @@ def test_the_scripts_start_a_two_node_cluster_and_check_it(ray_cluster: dict, dr
 
     nodes = {n["NodeManagerAddress"]: n["Resources"].get("GPU") for n in ray.nodes() if n["Alive"]}
     assert nodes == {HEAD: GPUS_PER_NODE, WORKER: GPUS_PER_NODE}
-    assert f"cluster check: 2 node(s) joined ({HEAD}, {WORKER}); 2 path(s) seen on every node" in ray_cluster["stderr"]
+    assert (f"cluster check: 2 node(s) joined ({HEAD}, {WORKER}); on every node 1 file(s) written on the head read "
+            "back, 1 data file(s) identical to the head's (size, sha256), 0 HF model(s) and 0 Megatron checkpoint(s) "
+            "complete") in ray_cluster["stderr"]
     joined = [c[2] for c in Result(0, ray_cluster["stdout"], "").commands if c[:2] == ["bash", "-c"]]
     assert len(joined) == 1 and f"--node-ip-address {WORKER}" in joined[0] and f"SLIME_HOST_IP={WORKER}" in joined[0]
     assert f"ray start --address {HEAD}:{ray_cluster['env']['RAY_GCS_PORT']}" in joined[0]
@@ -209,7 +211,7 @@ def test_slime_places_the_2_node_layout_where_the_plan_says(ray_cluster: dict, d
         assert actor == rollout == [HEAD, HEAD, WORKER, WORKER]
 
 
-def test_the_check_names_a_worker_that_did_not_join_and_a_node_that_cannot_see_a_path(ray_cluster: dict,
+def test_the_check_names_a_worker_that_did_not_join_and_a_node_that_lacks_an_input(ray_cluster: dict,
                                                                                       driver: None) -> None:
     from tau2_rl_pipeline.slime_plugins import cluster_check as check
 
@@ -218,8 +220,11 @@ def test_the_check_names_a_worker_that_did_not_join_and_a_node_that_cannot_see_a
                                  expect=[HEAD, WORKER, "127.0.0.4"]) == ["worker 127.0.0.4 has not joined the Ray cluster"]
     token = ray_cluster["base"] / "token"
     token.write_text("abc")
-    seen = check.read_on_every_node(views, [str(token)], [str(token), "/nonexistent/data"])
+    inputs = check.Inputs(data=[str(token), "/nonexistent/data"], models=[str(ray_cluster["base"])])
+    seen = check.read_on_every_node(views, [str(token)], inputs)
     assert sorted(v.ip for v in seen) == [HEAD, WORKER] and all(v.tokens == {str(token): "abc"} for v in seen)
-    problems = check.storage_problems(seen, {str(token): "abc"}, ["/nonexistent/data"])
-    assert sorted(problems) == [f"node {ip} does not see /nonexistent/data: {check.SHARED_STORAGE_HINT}"
-                                for ip in (HEAD, WORKER)]
+    assert all(v.data[str(token)] == check.read_data(str(token)) for v in seen)  # read on each node: same bytes
+    problems = check.storage_problems(seen, {str(token): "abc"}, inputs, HEAD)
+    assert problems == [line for ip in (HEAD, WORKER) for line in (
+        f"node {ip} does not see /nonexistent/data: {check.SHARED_STORAGE_HINT}",
+        f"node {ip}: HF model {ray_cluster['base']} has no config.json")]

@@ -1,0 +1,38 @@
+"""Writes torch_dist checkpoints with Megatron's own code, as slime writes them (run as a script: Megatron's writer
+starts worker processes that import __main__). Usage: megatron_save.py PORT DIR...
+
+Each DIR gets one tensor saved by `megatron.core.dist_checkpointing.save` (one gloo rank) into the directory
+Megatron's `get_checkpoint_name` names for iteration 1, then, as slime's tools/convert_hf_to_torch_dist.py does, the
+tracker `release` and the save moved to `release/`. The two CUDA calls the writer makes on a GPU rank (a stream
+synchronize, the device of a flag tensor) are stood in for by their CPU meaning: nothing to wait for, the CPU.
+"""
+
+import os
+import shutil
+import sys
+
+
+def main() -> None:
+    import torch
+    import torch.distributed as dist
+
+    torch.cuda.synchronize = lambda *args, **kwargs: None
+    torch.cuda.current_device = lambda: "cpu"
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1])
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    from megatron.core import dist_checkpointing
+    from megatron.core.dist_checkpointing import ShardedTensor
+    from megatron.training.checkpointing import get_checkpoint_name, get_checkpoint_tracker_filename
+
+    for save in sys.argv[2:]:
+        source = get_checkpoint_name(save, 1, False, return_base_dir=True)
+        os.makedirs(source)
+        dist_checkpointing.save({"weight": ShardedTensor.from_rank_offsets("weight", torch.arange(8.0))}, source)
+        with open(get_checkpoint_tracker_filename(save), "w") as f:
+            f.write("release")
+        shutil.move(source, get_checkpoint_name(save, -1, True, return_base_dir=True))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
