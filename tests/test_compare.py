@@ -229,7 +229,7 @@ def test_a_pass_hat_k_that_cannot_be_computed_is_named_in_a_warning() -> None:
     assert result["scopes"]["mock"]["warnings"] == [
         "pass^2 not computed: 1 of 5 paired tasks hold fewer than 2 scored episodes in a run: t5 (A 1, B 2)"]
     line, warning = verdict_lines("A", "B", result)
-    assert warning.startswith("WARNING (mock): pass^2 not computed")
+    assert line.startswith("B vs A (mock, 5 paired tasks)") and warning.startswith("WARNING (mock): pass^2 not computed")
 
 
 def test_verdict_says_plainly_when_a_difference_is_not_significant() -> None:

@@ -6,6 +6,7 @@ against; `refusals_heldout.jsonl` was written afterwards and never tuned on. doc
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -17,14 +18,31 @@ DATA = Path(__file__).parent / "data"
 FLOORS = {"refusals.jsonl": (0.95, 0.95), "refusals_heldout.jsonl": (0.9, 0.75)}
 
 
+# The phrase list the patterns replaced (benchmark/monitors.py before issue 31), kept here as the baseline that
+# docs/evaluation.md sets beside them.
+PHRASE_LIST = re.compile(
+    r"\b(?:can(?:no|'|’)t|can ?not|(?:am|'m|’m) (?:unable|not able)|unable|won(?:'|’)t|will not"
+    r"|not (?:allowed|permitted))"
+    r" (?:to )?(?:help|assist|do that|process|proceed|fulfil+|complete|make|change|modify|cancel|book|provide)"
+    r"|\bagainst (?:our|the) polic", re.IGNORECASE)
+# (true positives, false positives, false negatives): the counts docs/evaluation.md prints
+MEASURED = {("refusals.jsonl", "patterns"): (30, 0, 0), ("refusals.jsonl", "phrase list"): (10, 2, 20),
+            ("refusals_heldout.jsonl", "patterns"): (8, 0, 2), ("refusals_heldout.jsonl", "phrase list"): (2, 1, 8)}
+
+
 def corpus(name: str) -> list[dict]:
     return [json.loads(line) for line in (DATA / name).read_text().splitlines() if line.strip()]
 
 
-def precision_recall(rows: list[dict]) -> tuple[float, float]:
-    flagged = [is_refusal(r["text"]) for r in rows]
+def counts(rows: list[dict], detector=is_refusal) -> tuple[int, int, int]:
+    flagged = [bool(detector(r["text"])) for r in rows]
     tp = sum(f and r["refusal"] for f, r in zip(flagged, rows))
-    return tp / max(1, sum(flagged)), tp / sum(r["refusal"] for r in rows)
+    return tp, sum(flagged) - tp, sum(r["refusal"] for r in rows) - tp
+
+
+def precision_recall(rows: list[dict]) -> tuple[float, float]:
+    tp, fp, fn = counts(rows)
+    return tp / max(1, tp + fp), tp / (tp + fn)
 
 
 @pytest.mark.parametrize("name", sorted(FLOORS))
@@ -47,3 +65,8 @@ def test_precision_and_recall_floors_on_the_labelled_corpus(name: str) -> None:
     ("That would be against our policy.", True)])
 def test_clauses(text: str, refused: bool) -> None:
     assert is_refusal(text) is refused
+
+
+@pytest.mark.parametrize("name,detector", sorted(MEASURED))
+def test_the_counts_the_docs_print(name: str, detector: str) -> None:
+    assert counts(corpus(name), is_refusal if detector == "patterns" else PHRASE_LIST.search) == MEASURED[name, detector]

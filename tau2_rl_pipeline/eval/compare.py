@@ -157,8 +157,9 @@ def _short_tasks(a: dict[str, Tally], b: dict[str, Tally], tasks: list[str], wan
     if wanted is None or k >= wanted:
         return []
     short = [f"{t} (A {a[t][0]}, B {b[t][0]})" for t in tasks if min(a[t][0], b[t][0]) < wanted]
-    return [f"pass^{wanted} not computed: {len(short)} of {len(tasks)} paired tasks hold fewer than {wanted} scored "
-            f"episodes in a run: {', '.join(short[:5])}{', ...' if len(short) > 5 else ''}"]
+    named = ", ".join(short[:5]) + (", ..." if len(short) > 5 else "")
+    return [f"pass^{wanted} not computed: {len(short)} of {len(tasks)} paired tasks hold fewer than {wanted} "
+            f"scored episodes in a run: {named}"]
 
 
 def compare_runs(a: dict[str, Any], b: dict[str, Any], *, seed: int = 0, n_boot: int = N_BOOT,
