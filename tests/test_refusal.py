@@ -59,6 +59,8 @@ def test_precision_and_recall_floors_on_the_labelled_corpus(name: str) -> None:
     ("I can't find a reservation under that id; could you check it?", False),  # a lookup, not a decision
     ("If it is not eligible, I won't be able to refund it.", False),  # a hypothesis
     ("Can't I help you with something else?", False),  # a question
+    ("If the fee is $12.40 or more, I can't waive it.", False),  # a decimal point ends no sentence
+    ("Your total is $12.40. I can't waive the fee, sorry.", True),
     ("I’m unable to assist with that request.", True),  # a typographic apostrophe
     ("I cannot process a refund for a basic economy ticket.", True),
     ("Sorry, this order can no longer be cancelled.", True),

@@ -39,13 +39,13 @@ DECLINE = re.compile(
     r" (?:allow|permit)|\b(?:not|isn't|aren't) (?:allowed|permitted|eligible)\b",
     re.IGNORECASE)
 HYPOTHETICAL = re.compile(r"\b(?:if|unless|without|in case|whether|why|let me know)\b", re.IGNORECASE)
-_SENTENCE = re.compile(r"[^.!?\n]+[.!?]*")
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+|\n+")  # not inside "$12.40" or "#W1234.5"
 
 
 def is_refusal(text: str) -> bool:
     """Some sentence of `text`, not a question, declines a request with no condition set before the decline."""
     text = text.replace("\u2019", "'").replace("\u2018", "'")
-    for sentence in _SENTENCE.findall(text):
+    for sentence in _SENTENCE_END.split(text):
         if sentence.rstrip().endswith("?"):
             continue
         if any(not HYPOTHETICAL.search(sentence[:m.start()]) for m in DECLINE.finditer(sentence)):
