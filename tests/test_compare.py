@@ -130,7 +130,9 @@ def test_pass_hat_k_uses_the_runs_samples_per_task_and_domains_pool_overall() ->
 def test_runs_that_measure_different_things_are_refused_naming_the_field(field: str) -> None:
     changed = {"benchmark": {"tau2_version": "1.0.1", "task_set_hash": "abc"}, "judge": {"model": "gpt-4.1"},
                "domains": ["airline"], "task_split": "test", "task_ids": ["t1"], "user": "llm",
-               "user_model": "gpt-4.1", "user_temperature": 0.0, "num_samples": 4, "runs": 3,
+               "user_model": "gpt-4.1", "user_temperature": 0.0, "user_strategy": {"name": "verify", "max_checks": 2},
+               "user_llm_args": {"temperature": 0.0, "extra_body": {"chat_template_kwargs": {}}},
+               "num_samples": 4, "runs": 3,
                "sampling": {**SETTINGS["sampling"], "temperature": 1.0}, "max_turns": 30, "max_steps": 100,
                "max_errors": 5, "max_context_len": 4096}[field]
     with pytest.raises(NotComparable) as e:
@@ -141,11 +143,93 @@ def test_runs_that_measure_different_things_are_refused_naming_the_field(field: 
         assert {"benchmark": "benchmark.tau2_version", "sampling": "sampling.temperature"}[field] in message
 
 
+def test_task_sets_compare_as_sets_and_a_legacy_llm_user_ran_tau2s_strategy() -> None:
+    settings = {**SETTINGS, "domains": ["mock", "airline"], "task_ids": ["t1", "t2", "t3"]}
+    check_comparable(settings, {**settings, "domains": ["airline", "mock"], "task_ids": ["t3", "t1", "t2"]})
+    with pytest.raises(NotComparable, match="differ in task_ids"):
+        check_comparable(settings, {**settings, "task_ids": ["t1", "t2"]})
+    llm = {**SETTINGS, "user": "llm", "user_model": "gpt-4.1", "user_temperature": 0.0,
+           "user_llm_args": {"temperature": 0.0, "num_retries": 3, "timeout": 60.0, "api_base": "http://a/v1"}}
+    legacy = {k: v for k, v in llm.items() if k != "user_strategy"}  # written before the strategy was recorded
+    check_comparable(legacy, {**llm, "user_strategy": {"name": "llm"}})
+    with pytest.raises(NotComparable, match=r"differ in user_strategy\.name \('llm' vs 'react'\)"):
+        check_comparable(legacy, {**llm, "user_strategy": {"name": "react"}})
+    # how the user model is reached may differ; what it is asked may not
+    transport = {"temperature": 0.0, "num_retries": 9, "timeout": 5.0, "api_base": "http://b/v1"}
+    check_comparable(llm, {**llm, "user_llm_args": transport})
+    with pytest.raises(NotComparable, match=r"differ in user_llm_args\.extra_body"):
+        check_comparable(llm, {**llm, "user_llm_args": {**transport, "extra_body": {"x": 1}}})
+
+
+def _user_settings(tmp_path: Path, **cfg_fields) -> dict:
+    """The evaluator's own settings of a mock run with an LLM user configured by `cfg_fields`."""
+    import argparse
+
+    from tau2_rl_pipeline.config import Tau2Config
+    from tau2_rl_pipeline.eval.plan import make_plan, run_settings
+    from tau2_rl_pipeline.rollout.engines import SamplingParams
+
+    args = argparse.Namespace(user="llm", backend="local", sglang_url=None, domain_list=["mock"], task_split="base",
+                              task_id_list=None, num_samples=1, runs=1, seed=0, concurrency=1, procs=1)
+    return run_settings(args, Tau2Config(**cfg_fields), SamplingParams(), "m", "tok",
+                        make_plan(["mock"], "base", None, 1))
+
+
+def test_the_user_strategy_is_recorded_compared_and_part_of_a_resumes_identity(tmp_path: Path) -> None:
+    from tau2_rl_pipeline.eval.episodes_file import EpisodesFileError
+    from tau2_rl_pipeline.eval.plan import episode_settings
+
+    plain = _user_settings(tmp_path)
+    verify = _user_settings(tmp_path, user_strategy="verify", user_strategy_max_checks=3)
+    assert plain["user_strategy"] == {"name": "llm"} and verify["user_strategy"] == {"name": "verify", "max_checks": 3}
+    assert plain["user_llm_args"]["temperature"] == 0.0
+    with pytest.raises(NotComparable, match="differ in user_strategy"):
+        check_comparable(plain, verify)
+    path = tmp_path / "run.json.episodes.jsonl"
+    log = EpisodesFile(path, episode_settings(plain), benchmark=plain["benchmark"])
+    log.open_for_append()
+    log.append({"domain": "mock", "task_id": "create_task_1", "sample": 0, "status": "completed", "reward": 1.0})
+    log.close()
+    header = json.loads(path.read_text().splitlines()[0])["header"]["settings"]
+    assert header["user_strategy"] == {"name": "llm"} and "timeout" not in header["user_llm_args"]
+    with pytest.raises(EpisodesFileError, match=r"other settings \(user_strategy\)"):
+        EpisodesFile(path, episode_settings(verify), benchmark=verify["benchmark"]).load()
+    with pytest.raises(EpisodesFileError, match=r"other settings \(user_llm_args\)"):
+        EpisodesFile(path, episode_settings(_user_settings(tmp_path, user_api_base="http://127.0.0.1:1/v1")),
+                     benchmark=plain["benchmark"]).load()  # a served Qwen3 user is told not to think: extra_body
+    slower = _user_settings(tmp_path, user_timeout_s=300.0, user_max_retries=9)  # transport: the same episodes
+    assert list(EpisodesFile(path, episode_settings(slower), benchmark=plain["benchmark"]).load()) == [
+        ("mock", "create_task_1", 0)]
+
+
 def test_model_seed_and_stop_tokens_may_differ() -> None:
     other = {**SETTINGS, "model": "other", "seed": 9, "sampling": {**SETTINGS["sampling"], "stop_token_ids": [7]}}
     check_comparable(SETTINGS, other)
     legacy = {k: v for k, v in SETTINGS.items() if k != "runs"}  # a summary written before --runs existed
     check_comparable(legacy, SETTINGS)
+
+
+def test_when_every_task_moves_alike_the_verdict_says_so_instead_of_a_zero_width_ci() -> None:
+    tasks = {f"t{i}": [0, 0] for i in range(16)}
+    result = compare_runs({"settings": SETTINGS, "records": records(tasks)},
+                          {"settings": SETTINGS, "records": records({t: [1, 1] for t in tasks})})
+    entry = result["scopes"]["mock"]["metrics"]["pass@1"]
+    assert entry["ci"] == [1.0, 1.0] and entry["all_alike"] and entry["p_value"] == pytest.approx(2 / 2 ** 16)
+    [line] = verdict_lines("A", "B", result)
+    assert "every one of the 16 tasks moved alike" in line and "95% CI" not in line
+    mixed = compare_runs({"settings": SETTINGS, "records": records(tasks)},
+                         {"settings": SETTINGS, "records": records({**tasks, "t0": [1, 1], "t1": [1, 0]})})
+    assert not mixed["scopes"]["mock"]["metrics"]["pass@1"]["all_alike"]
+    assert "95% CI" in verdict_lines("A", "B", mixed)[0]
+
+
+def test_a_pass_hat_k_that_cannot_be_computed_is_named_in_a_warning() -> None:
+    result = compare_runs({"settings": SETTINGS, "records": records(A)},
+                          {"settings": SETTINGS, "records": records(B)})
+    assert result["scopes"]["mock"]["warnings"] == [
+        "pass^2 not computed: 1 of 5 paired tasks hold fewer than 2 scored episodes in a run: t5 (A 1, B 2)"]
+    line, warning = verdict_lines("A", "B", result)
+    assert line.startswith("B vs A (mock, 5 paired tasks)") and warning.startswith("WARNING (mock): pass^2 not computed")
 
 
 def test_verdict_says_plainly_when_a_difference_is_not_significant() -> None:
@@ -165,14 +249,17 @@ def test_verdict_says_plainly_when_a_difference_is_not_significant() -> None:
 # Command line
 
 def write_run(path: Path, settings: dict, recs: list[dict]) -> Path:
-    """A finished run as the evaluator leaves it: the summary and the episode log beside it (its own writer)."""
+    """A finished run as the evaluator leaves it: the summary (with the count of its planned episodes) and the
+    episode log beside it (its own writer)."""
     log = EpisodesFile(path.with_name(path.name + ".episodes.jsonl"), {"seed": settings["seed"]},
                        benchmark=settings["benchmark"])
     log.open_for_append(discard=True)
     for r in recs:
         log.append(r)
     log.close()
-    path.write_text(json.dumps({"format": "tau2_rl_pipeline.eval_passk/1", "settings": settings}))
+    planned = sum(r["domain"] in settings["domains"] for r in recs)
+    path.write_text(json.dumps({"format": "tau2_rl_pipeline.eval_passk/1", "settings": settings,
+                                "episodes": {"planned": planned}}))
     return path
 
 
@@ -187,22 +274,72 @@ def test_cli_compares_two_runs_and_writes_the_comparison(tmp_path: Path, capsys)
     assert saved["runs"]["b"] == {"name": "GRPO", "summary": str(b)}
 
 
-@pytest.mark.parametrize("case", ["other_user", "not_a_summary", "no_episodes", "names"])
+def _rewrite(path: Path, edit) -> None:
+    """Apply `edit` to every line's JSON object of a file (a summary is one such line once re-dumped)."""
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    path.write_text("\n".join(json.dumps(edit(obj)) for obj in lines) + "\n")
+
+
+ERRORS = {"other_user": "differ in user", "not_a_summary": "not an evaluator summary",
+          "no_episodes": "episodes file", "names": "--names", "malformed": "not a readable evaluator summary",
+          "no_settings": "the summary has no settings", "no_num_samples": "no valid num_samples",
+          "no_reward": "episode mock/t1/0 in", "string_reward": "has no numeric reward",
+          "no_task_id": "holds an episode without 'task_id'",
+          "cut_off": "the run is unfinished or its episodes file was cut off: its summary counts 12 episodes, the "
+                     "file holds 7 (tasks with fewer than 2 episodes: mock/t4 (1)); finish it"}
+
+
+@pytest.mark.parametrize("case", sorted(ERRORS))
 def test_cli_errors_are_one_line(case: str, tmp_path: Path, capsys) -> None:
     a = write_run(tmp_path / "a.json", SETTINGS, records(A))
     b = write_run(tmp_path / "b.json", {**SETTINGS, "user": "llm"} if case == "other_user" else SETTINGS, records(B))
+    episodes = b.with_name(b.name + ".episodes.jsonl")
     argv = [str(a), str(b)]
     if case == "not_a_summary":
         b.write_text("[1, 2]")
+    elif case == "malformed":
+        b.write_text('{"format": "tau2_rl_pipeline.eval_passk/1", "settings": {')
+    elif case in ("no_settings", "no_num_samples"):
+        _rewrite(b, lambda s: {k: v for k, v in s.items() if k != "settings"} if case == "no_settings" else
+                 {**s, "settings": {k: v for k, v in s["settings"].items() if k != "num_samples"}})
+    elif case in ("no_reward", "string_reward", "no_task_id"):
+        key, value = {"no_reward": ("reward", None), "string_reward": ("reward", "1.0"),
+                      "no_task_id": ("task_id", None)}[case]
+        _rewrite(episodes, lambda r: r if "header" in r or r["task_id"] != "t1" else
+                 {k: v for k, v in r.items() if k != key} if value is None else {**r, key: value})
+    elif case == "cut_off":  # a copy that stopped after the 7th episode: 5 of B's 12 are missing
+        episodes.write_text("\n".join(episodes.read_text().splitlines()[:8]) + "\n")
     elif case == "no_episodes":
-        b.with_name(b.name + ".episodes.jsonl").unlink()
+        episodes.unlink()
     elif case == "names":
         argv += ["--names", "only-one"]
     assert main(argv) == 2
-    err = capsys.readouterr().err.strip()
-    assert err.startswith("error: ") and "\n" not in err and "Traceback" not in err
-    assert {"other_user": "differ in user", "not_a_summary": "not an evaluator summary",
-            "no_episodes": "episodes file", "names": "--names"}[case] in err
+    captured = capsys.readouterr()
+    err = captured.err.strip()
+    assert err.startswith("error: ") and "\n" not in err and "Traceback" not in err and not captured.out
+    assert ERRORS[case] in err
+
+
+def test_a_cut_off_run_is_refused_and_compared_with_warnings_only_when_allowed(tmp_path: Path, capsys) -> None:
+    """The issue's case: 9 tasks x 4 samples, the episodes file cut after 22 episodes. Refused by default (the old
+    command compared '6 paired tasks' and left pass^4 out in silence); --allow-unfinished names what is missing."""
+    settings = {**SETTINGS, "num_samples": 4}
+    tasks = {f"t{i}": [1, 0, 1, 1] for i in range(9)}
+    a = write_run(tmp_path / "a.json", settings, records(tasks))
+    b = write_run(tmp_path / "b.json", settings, records({t: [1, 1, 1, 1] for t in tasks}))
+    episodes = b.with_name(b.name + ".episodes.jsonl")
+    episodes.write_text("\n".join(episodes.read_text().splitlines()[:23]) + "\n")
+    assert main([str(a), str(b)]) == 2
+    err = capsys.readouterr().err
+    assert "summary counts 36 episodes, the file holds 22 (tasks with fewer than 4 episodes: mock/t5 (2))" in err
+    assert main([str(a), str(b), "--allow-unfinished", "--json", str(tmp_path / "c.json")]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith(f"WARNING: {b}: the run is unfinished") and "holds 22" in out[0]
+    assert out[1].startswith("B vs A (mock, 6 paired tasks)") and "pass^4" not in out[1]
+    assert out[2] == ("WARNING (mock): pass^4 not computed: 1 of 6 paired tasks hold fewer than 4 scored episodes "
+                      "in a run: t5 (A 4, B 2)")
+    saved = json.loads((tmp_path / "c.json").read_text())
+    assert len(saved["warnings"]) == 1 and saved["scopes"]["mock"]["warnings"]
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -36,7 +36,8 @@ def test_over_actions_repeated_reads_and_tool_calls_of_a_mock_episode() -> None:
     ep.stop(TerminationReason.AGENT_STOP)
     assert (ep.refused_calls, ep.parse_errors) == (1, 2)
     m = monitors("mock", ep.task, ep.messages, "agent_stop")
-    assert m == {"tool_calls": 8, "over_actions": 2, "repeated_reads": 1, "transfers": 0, "ended_by": "agent",
+    assert m == {"tool_calls": 8, "over_actions": 2, "order_only": 0, "repeated_reads": 1, "transfers": 0,
+                 "ended_by": "agent",
                  "max_turns": False, "max_errors": False, "refused": False, "action_checked": False}
 
 
@@ -72,26 +73,54 @@ def test_airline_gold_replay_has_no_over_action_and_no_action_check() -> None:
     assert not any(monitors("airline", t, [], "agent_stop")["action_checked"] for t in load_tasks("airline", "test"))
 
 
-@pytest.mark.parametrize("text,refused", [
-    ("I cannot process a refund for a basic economy ticket.", True),
-    ("I’m unable to assist with that request.", True),
-    ("That would be against our policy.", True),
-    ("I can't find a reservation under that id; could you check it?", False),
-    ("Your flight has been changed.", False)])
-def test_refusal_phrases(text: str, refused: bool) -> None:
-    ep = episode("mock", "update_task_1")
-    ep.agent_says(text)
-    assert monitors("mock", ep.task, ep.messages, "agent_stop")["refused"] is refused
+def test_a_history_task_counts_the_policy_alone() -> None:
+    """mock's history task opens with the create_task call of its initial history (and a tool result whose id,
+    call_1, the policy's first call reuses): that call is not the policy's."""
+    ep = episode("mock", "update_task_with_message_history")
+    history = ep.task.initial_state.message_history
+    assert [c.name for c in history[1].tool_calls] == ["create_task"] and len(ep.messages) == len(history)
+    assert monitors("mock", ep.task, ep.messages, "agent_stop")["tool_calls"] == 0
+    ep.agent_tool_call("update_task_status", {"task_id": "task_2", "status": "completed"})  # the gold action
+    ep.agent_tool_call("get_users", {})
+    m = monitors("mock", ep.task, ep.messages, "agent_stop")
+    assert (m["tool_calls"], m["over_actions"], m["repeated_reads"]) == (2, 0, 0)
+    ep.agent_tool_call("create_task", history[1].tool_calls[0].arguments)  # the history's write, now the policy's
+    m = monitors("mock", ep.task, ep.messages, "agent_stop")
+    assert (m["tool_calls"], m["over_actions"]) == (3, 1)
+    plain = episode("mock", "create_task_1")  # no history: nothing is left out
+    plain.agent_tool_call("create_task", {"user_id": "user_1", "title": "Extra"})
+    assert monitors("mock", plain.task, plain.messages, "agent_stop")["over_actions"] == 1
+
+
+@pytest.mark.parametrize("order", ["gold", "reversed", "other_items"])
+def test_a_write_differing_from_gold_only_in_list_order_is_order_only(order: str) -> None:
+    """Retail 108 (tau2's own environment and evaluator): the return with its items listed in reverse scores 1.0
+    though tau2's action check fails; it is counted as order-only, not as an over-action. Other items are one."""
+    task = get_task("retail", "108", "base")
+    gold = task.evaluation_criteria.actions[0]
+    items = list(gold.arguments["item_ids"])
+    items = {"gold": items, "reversed": items[::-1], "other_items": items[:2]}[order]
+    ep = Episode("retail", task, user=None)
+    ep.start()
+    assert not ep.agent_tool_call(gold.name, {**gold.arguments, "item_ids": items}).error
+    ep.agent_says("The return is made: your refund of 346.93 goes to your PayPal account.")
+    ep.stop(TerminationReason.AGENT_STOP)
+    info = ep.evaluate(native=True)
+    m = monitors("retail", task, ep.messages, "agent_stop")
+    assert (m["over_actions"], m["order_only"]) == {"gold": (0, 0), "reversed": (0, 1), "other_items": (1, 0)}[order]
+    assert info.action_checks[0].action_match is (order == "gold")
+    assert info.reward == (0.0 if order == "other_items" else 1.0)
 
 
 def test_batch_rates_and_the_share_of_successes_without_an_action_check() -> None:
-    base = {"tool_calls": 2, "over_actions": 0, "repeated_reads": 0, "transfers": 0, "ended_by": "user",
+    base = {"tool_calls": 2, "over_actions": 0, "order_only": 0, "repeated_reads": 0, "transfers": 0, "ended_by": "user",
             "max_turns": False, "max_errors": False, "refused": False, "action_checked": False}
-    episodes = [base, {**base, "over_actions": 2, "tool_calls": 5, "ended_by": "agent"},
+    episodes = [base, {**base, "over_actions": 2, "order_only": 1, "tool_calls": 5, "ended_by": "agent"},
                 {**base, "transfers": 1, "refused": True, "action_checked": True, "ended_by": "agent"},
                 {**base, "max_turns": True, "ended_by": "limit", "tool_calls": 9, "repeated_reads": 3}]
     out = batch_monitors(episodes, [True, True, True, False])
-    assert out == {"episodes": 4, "tool_calls_mean": 18 / 4, "over_actions_mean": 0.5, "repeated_reads_mean": 0.75,
+    assert out == {"episodes": 4, "tool_calls_mean": 18 / 4, "over_actions_mean": 0.5, "order_only_mean": 0.25,
+                   "repeated_reads_mean": 0.75,
                    "transfers_mean": 0.25, "over_action_share": 0.25, "transfer_share": 0.25, "max_turns_share": 0.25,
                    "max_errors_share": 0.0, "refused_share": 0.25, "agent_ended_share": 0.5,
                    "user_ended_share": 0.25, "limit_ended_share": 0.25, "successes": 3,

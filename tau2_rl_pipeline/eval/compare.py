@@ -31,10 +31,15 @@ N_PERM = 20_000
 N_BOOT = 10_000
 # Fields of the evaluator's settings two compared runs must share (the run's question, not who answered it).
 COMPARED_FIELDS = ("benchmark", "judge", "domains", "task_split", "task_ids", "user", "user_model",
-                   "user_temperature", "num_samples", "runs", "sampling", "max_turns", "max_steps", "max_errors",
-                   "max_context_len")
-_DEFAULTS = {"runs": 1}  # summaries written before a field existed
-_IGNORED = {"sampling": ("stop_token_ids",), "judge": ("api_base",)}  # follow the tokenizer / the endpoint
+                   "user_temperature", "user_strategy", "user_llm_args", "num_samples", "runs", "sampling",
+                   "max_turns", "max_steps", "max_errors", "max_context_len")
+# The user LLM's arguments that say how it is reached, not what it answers (not compared, may change on a resume).
+USER_TRANSPORT_ARGS = ("api_base", "num_retries", "timeout")
+# summaries written before a field existed: an LLM user then always ran tau2's own strategy
+_DEFAULTS = {"runs": lambda s: 1, "user_strategy": lambda s: {"name": "llm"} if s.get("user") == "llm" else None}
+_IGNORED = {"sampling": ("stop_token_ids",), "judge": ("api_base",),  # follow the tokenizer / the endpoint
+            "user_llm_args": USER_TRANSPORT_ARGS}
+_AS_SETS = ("domains", "task_ids")  # the same tasks in another order ask the same question
 
 
 class NotComparable(ValueError):
@@ -45,9 +50,11 @@ class NotComparable(ValueError):
 # Comparability
 
 def _field(settings: dict[str, Any], name: str) -> Any:
-    value = settings.get(name, _DEFAULTS.get(name))
+    value = settings[name] if name in settings else _DEFAULTS.get(name, lambda s: None)(settings)
     if isinstance(value, dict) and name in _IGNORED:
         value = {k: v for k, v in value.items() if k not in _IGNORED[name]}
+    if isinstance(value, list) and name in _AS_SETS:
+        value = sorted(value)
     return value
 
 
@@ -98,7 +105,8 @@ def paired_difference(a: Sequence[float], b: Sequence[float], *, n_boot: int = N
     d = _diffs(vb - va)
     lo, hi = bootstrap_ci(d, n_boot=n_boot, seed=seed)
     return {"a": float(va.mean()), "b": float(vb.mean()), "diff": float(d.mean()), "ci": [lo, hi],
-            "p_value": sign_flip_p_value(d, n_perm=n_perm, seed=seed), "n_tasks": int(d.size)}
+            "p_value": sign_flip_p_value(d, n_perm=n_perm, seed=seed), "n_tasks": int(d.size),
+            "all_alike": bool(np.all(d == d[0]))}  # every task moved by the same amount: the CI has no width
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -128,6 +136,7 @@ def compare_tasks(a: dict[str, Tally], b: dict[str, Tally], *, k: int | None = N
     if not tasks:
         raise ValueError("no task has a scored episode in both runs")
     fewest = min(min(a[t][0], b[t][0]) for t in tasks)
+    wanted = k
     k = fewest if k is None else min(k, fewest)
     rate = {t: (a[t][1] / a[t][0], b[t][1] / b[t][0]) for t in tasks}
     metrics = {"pass@1": paired_difference([rate[t][0] for t in tasks], [rate[t][1] for t in tasks],
@@ -136,10 +145,21 @@ def compare_tasks(a: dict[str, Tally], b: dict[str, Tally], *, k: int | None = N
         metrics[f"pass^{k}"] = paired_difference([pass_hat_k(*a[t], k) for t in tasks],
                                                  [pass_hat_k(*b[t], k) for t in tasks],
                                                  n_boot=n_boot, n_perm=n_perm, seed=seed)
-    return {"n_tasks": len(tasks), "k": k, "metrics": metrics,
+    return {"n_tasks": len(tasks), "k": k, "metrics": metrics, "warnings": _short_tasks(a, b, tasks, wanted, k),
             "better_in_b": [t for t in tasks if rate[t][1] > rate[t][0]],
             "worse_in_b": [t for t in tasks if rate[t][1] < rate[t][0]],
             "unpaired_tasks": sorted(set(a) ^ set(b))}
+
+
+def _short_tasks(a: dict[str, Tally], b: dict[str, Tally], tasks: list[str], wanted: int | None,
+                 k: int) -> list[str]:
+    """A warning naming the tasks that keep pass^wanted from being computed (too few scored episodes)."""
+    if wanted is None or k >= wanted:
+        return []
+    short = [f"{t} (A {a[t][0]}, B {b[t][0]})" for t in tasks if min(a[t][0], b[t][0]) < wanted]
+    named = ", ".join(short[:5]) + (", ..." if len(short) > 5 else "")
+    return [f"pass^{wanted} not computed: {len(short)} of {len(tasks)} paired tasks hold fewer than {wanted} "
+            f"scored episodes in a run: {named}"]
 
 
 def compare_runs(a: dict[str, Any], b: dict[str, Any], *, seed: int = 0, n_boot: int = N_BOOT,
@@ -173,8 +193,9 @@ def is_significant(entry: dict[str, Any]) -> bool:
 
 def metric_text(name: str, entry: dict[str, Any]) -> str:
     lo, hi = entry["ci"]
-    return (f"{name} {entry['b']:.3f} vs {entry['a']:.3f}: {entry['diff']:+.3f} [95% CI {lo:+.3f}, {hi:+.3f}], "
-            f"p={entry['p_value']:.3f}")
+    spread = (f"every one of the {entry['n_tasks']} tasks moved alike, so the bootstrap has no spread to show"
+              if entry.get("all_alike") else f"95% CI {lo:+.3f}, {hi:+.3f}")
+    return f"{name} {entry['b']:.3f} vs {entry['a']:.3f}: {entry['diff']:+.3f} [{spread}], p={entry['p_value']:.3f}"
 
 
 def verdict_line(name_a: str, name_b: str, scope: str, comparison: dict[str, Any]) -> str:
@@ -190,4 +211,6 @@ def verdict_line(name_a: str, name_b: str, scope: str, comparison: dict[str, Any
 
 
 def verdict_lines(name_a: str, name_b: str, result: dict[str, Any]) -> list[str]:
-    return [verdict_line(name_a, name_b, scope, c) for scope, c in result["scopes"].items()]
+    """A verdict line per scope, each followed by its WARNING lines (what could not be compared)."""
+    return [line for scope, c in result["scopes"].items()
+            for line in (verdict_line(name_a, name_b, scope, c), *(f"WARNING ({scope}): {w}" for w in c["warnings"]))]

@@ -6,7 +6,10 @@
 Reads each run's summary and the episodes file beside it (<summary>.episodes.jsonl) and prints, per domain (and
 over all tasks when there are several), B - A in pass@1 and pass^k with a 95% paired bootstrap CI over tasks and a
 paired permutation p-value, the tasks B does better and worse on, and a plain verdict (tau2_rl_pipeline/eval/compare.py says how).
-Runs of different benchmarks, tasks, user simulators or sampling settings are refused in one line naming the field.
+Runs of different benchmarks, tasks, user simulators or sampling settings are refused in one line naming the field,
+as is a file that is not a finished run's (no settings, episodes without a reward, unreadable JSON) and an unfinished
+run (its episodes file holds fewer episodes than its summary counts: killed, or cut off); --allow-unfinished
+compares such a run anyway, with WARNING lines naming what is missing.
 Exit codes: 0 compared, 2 bad input (nothing compared).
 """
 
@@ -15,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -42,8 +46,53 @@ def planned(records: dict, settings: dict[str, Any]) -> list[dict]:
             if domain in settings["domains"] and (ids is None or task_id in ids) and sample < samples]
 
 
-def load_run(path: Path) -> dict[str, Any]:
-    """{"settings", "records"} of a finished evaluator run, or a one-line RunLoadError."""
+def check_settings(path: Path, summary: dict[str, Any]) -> dict[str, Any]:
+    """The summary's settings, or a one-line RunLoadError naming what a comparison needs and it lacks."""
+    settings = summary.get("settings")
+    if not isinstance(settings, dict):
+        raise RunLoadError(f"{path}: the summary has no settings: not the --output JSON of a finished tau2-rl-eval "
+                           "run")
+    for name, ok in (("domains", lambda v: isinstance(v, list) and v),
+                     ("num_samples", lambda v: isinstance(v, int) and v >= 1),
+                     ("runs", lambda v: v is None or isinstance(v, int) and v >= 1),
+                     ("task_ids", lambda v: v is None or isinstance(v, list))):
+        if not ok(settings.get(name)):
+            raise RunLoadError(f"{path}: the summary's settings hold no valid {name} ({settings.get(name)!r})")
+    return settings
+
+
+def check_records(path: Path, records: list[dict]) -> None:
+    """A one-line RunLoadError naming the first episode without a status or a numeric reward."""
+    for r in records:
+        if not isinstance(r.get("status"), str) or isinstance(r.get("reward"), bool) \
+                or not isinstance(r.get("reward"), (int, float)):
+            missing = "status" if not isinstance(r.get("status"), str) else "numeric reward"
+            raise RunLoadError(f"{path}: episode {r['domain']}/{r['task_id']}/{r['sample']} in "
+                               f"{episodes_path(path)} has no {missing}")
+
+
+def missing_episodes(summary: dict[str, Any], records: list[dict]) -> str | None:
+    """What an unfinished run lacks: its summary counts more planned episodes than its episodes file holds (a
+    killed run, a cut-off file); None when nothing is missing."""
+    settings = summary["settings"]
+    counted = (summary.get("episodes") or {}).get("planned")
+    if not isinstance(counted, int):
+        return "its summary does not say how many episodes it planned"
+    if len(records) >= counted:
+        return None
+    trials = settings["num_samples"] * settings.get("runs", 1)
+    per_task = Counter((r["domain"], r["task_id"]) for r in records)
+    short = sorted(f"{d}/{t} ({n})" for (d, t), n in per_task.items() if n < trials)
+    absent = [d for d in settings["domains"] if d not in {r["domain"] for r in records}]
+    parts = ([f"tasks with fewer than {trials} episodes: {', '.join(short[:5])}{', ...' if len(short) > 5 else ''}"]
+             if short else []) + ([f"no episode of {', '.join(absent)}"] if absent else [])
+    return (f"the run is unfinished or its episodes file was cut off: its summary counts {counted} episodes, the "
+            f"file holds {len(records)} ({'; '.join(parts) or 'whole tasks missing'})")
+
+
+def load_run(path: Path, *, allow_unfinished: bool = False) -> dict[str, Any]:
+    """{"settings", "records", "warnings"} of a finished evaluator run, or a one-line RunLoadError; an unfinished
+    run is refused unless `allow_unfinished` (then a warning names what is missing)."""
     try:
         summary = json.loads(Path(path).read_text())
     except (OSError, ValueError) as e:
@@ -51,12 +100,21 @@ def load_run(path: Path) -> dict[str, Any]:
     if not isinstance(summary, dict) or summary.get("format") != SUMMARY_FORMAT:
         raise RunLoadError(f"{path}: not an evaluator summary (format {SUMMARY_FORMAT!r}); pass the --output JSON "
                            "of a finished tau2-rl-eval run")
+    settings = check_settings(Path(path), summary)
     episodes = episodes_path(Path(path))
     try:
-        records = read_episodes(episodes)
+        records = planned(read_episodes(episodes), settings)
     except (OSError, EpisodesFileError) as e:
         raise RunLoadError(f"{path}: its episodes file {episodes} cannot be read ({e})") from None
-    return {"settings": summary["settings"], "records": planned(records, summary["settings"])}
+    except (KeyError, TypeError) as e:  # a line without its domain, task id or sample
+        raise RunLoadError(f"{path}: its episodes file {episodes} holds an episode without "
+                           f"{e if isinstance(e, KeyError) else 'a valid key'}") from None
+    check_records(Path(path), records)
+    missing = missing_episodes(summary, records)
+    if missing is not None and not allow_unfinished:
+        raise RunLoadError(f"{path}: {missing}; finish it (rerun with the same --output) or pass "
+                           "--allow-unfinished to compare what is there")
+    return {"settings": settings, "records": records, "warnings": [f"{path}: {missing}"] if missing else []}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -69,6 +127,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_b", type=Path, help="summary JSON of run B (the candidate), e.g. outputs/eval/grpo.json")
     p.add_argument("--names", default=None, help="two names for the verdict lines, e.g. RFT,GRPO (default: A,B)")
     p.add_argument("--json", type=Path, default=None, help="also write the comparison here")
+    p.add_argument("--allow-unfinished", action="store_true",
+                   help="compare a run whose episodes file holds fewer episodes than its summary counts (killed, "
+                        "cut off), with WARNING lines naming what is missing; refused by default")
     return p
 
 
@@ -78,13 +139,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if len(names) != 2 or not all(names):
             raise RunLoadError(f"--names takes two comma-separated names, got {args.names!r}")
-        result = compare_runs(load_run(args.run_a), load_run(args.run_b))
+        runs = [load_run(path, allow_unfinished=args.allow_unfinished) for path in (args.run_a, args.run_b)]
+        result = compare_runs(*runs)
     except (RunLoadError, NotComparable, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     result["runs"] = {"a": {"name": names[0], "summary": str(args.run_a)},
                       "b": {"name": names[1], "summary": str(args.run_b)}}
-    print("\n".join(verdict_lines(*names, result)))
+    result["warnings"] = [w for run in runs for w in run["warnings"]]
+    print("\n".join([*(f"WARNING: {w}" for w in result["warnings"]), *verdict_lines(*names, result)]))
     if args.json is not None:
         atomic_write_text(args.json, json.dumps(result, indent=2) + "\n")
         print(f"comparison {args.json}")

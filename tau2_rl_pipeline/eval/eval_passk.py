@@ -34,7 +34,7 @@ from tau2_rl_pipeline.eval.backends import SetupError
 from tau2_rl_pipeline.eval.compare import check_comparable
 from tau2_rl_pipeline.eval.compare_cli import load_run
 from tau2_rl_pipeline.eval.episodes_file import EpisodesFile, EpisodesFileError, Key, secret_values
-from tau2_rl_pipeline.eval.plan import EPISODE_SETTINGS, output_paths, prepare, run_settings
+from tau2_rl_pipeline.eval.plan import episode_settings, output_paths, prepare, run_settings
 from tau2_rl_pipeline.eval.runner import run_episodes, run_episodes_on_sglang
 from tau2_rl_pipeline.eval.shards import ShardError, run_sharded
 from tau2_rl_pipeline.eval.submission import SubmissionError
@@ -100,7 +100,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             check_comparable(args.baseline["settings"], settings)
         paths = output_paths(args.output, list(plan.tasks))
         secrets = secret_values()
-        log = EpisodesFile(paths["episodes"], {k: settings[k] for k in EPISODE_SETTINGS},
+        log = EpisodesFile(paths["episodes"], episode_settings(settings),
                            benchmark=settings["benchmark"], secrets=secrets)
         done = log.load() if args.resume else {}
         if setup["model_dir"] is not None:  # the slow part, once nothing else can refuse the run

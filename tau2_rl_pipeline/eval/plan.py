@@ -14,6 +14,7 @@ from urllib.parse import urlsplit, urlunsplit
 from tau2_rl_pipeline.eval import backends
 from tau2_rl_pipeline.eval.args import csv_list, default_output
 from tau2_rl_pipeline.eval.backends import SetupError
+from tau2_rl_pipeline.eval.compare import USER_TRANSPORT_ARGS
 from tau2_rl_pipeline.eval.episodes_file import Key
 from tau2_rl_pipeline.eval.submission import check_submittable
 from tau2_rl_pipeline.benchmark import judge
@@ -79,8 +80,25 @@ def make_plan(domains: Sequence[str], split: str, task_ids: Sequence[str] | None
 
 
 # Settings that change what an episode produces: a resumed run must match them (the episode file header).
-EPISODE_SETTINGS = ("backend", "model", "tokenizer", "user", "user_model", "user_temperature", "task_split",
-                    "sampling", "seed", "max_turns", "max_steps", "max_errors", "max_context_len", "partial", "judge")
+EPISODE_SETTINGS = ("backend", "model", "tokenizer", "user", "user_model", "user_temperature", "user_strategy",
+                    "user_llm_args", "task_split", "sampling", "seed", "max_turns", "max_steps", "max_errors",
+                    "max_context_len", "partial", "judge")
+
+
+def episode_settings(settings: dict[str, Any]) -> dict[str, Any]:
+    """The episode file header's settings (EPISODE_SETTINGS); of the user's LLM arguments only those that change
+    its answers (compare.USER_TRANSPORT_ARGS say how it is reached, and may change on a resume)."""
+    out = {k: settings[k] for k in EPISODE_SETTINGS}
+    if out["user_llm_args"]:
+        out["user_llm_args"] = {k: v for k, v in out["user_llm_args"].items() if k not in USER_TRANSPORT_ARGS}
+    return out
+
+
+def user_strategy(cfg: Tau2Config) -> dict[str, Any]:
+    """TAU2_USER_STRATEGY with the checks it makes (verify and reflection regenerate up to max_checks times)."""
+    if cfg.user_strategy in ("verify", "reflection"):
+        return {"name": cfg.user_strategy, "max_checks": cfg.user_strategy_max_checks}
+    return {"name": cfg.user_strategy}
 
 
 def judge_settings(plan: Plan, cfg: Tau2Config) -> dict[str, Any] | None:
@@ -103,6 +121,7 @@ def run_settings(args: argparse.Namespace, cfg: Tau2Config, sampling: SamplingPa
         "user": args.user, "user_model": cfg.user_model if llm else None,
         "user_api_base": _safe_url(cfg.user_api_base) if llm else None, "user_llm_args": user_args,
         "user_temperature": cfg.user_temperature if llm else None,
+        "user_strategy": user_strategy(cfg) if llm else None,
         "user_client": user_client_kind(cfg) if llm else None,  # informational: both send the same requests
         "domains": list(args.domain_list), "task_split": args.task_split, "task_ids": args.task_id_list,
         "num_samples": args.num_samples, "runs": args.runs,

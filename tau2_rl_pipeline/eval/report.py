@@ -95,8 +95,9 @@ def failures_table(metrics: dict[str, Any]) -> Table:
 
 # Behaviour monitors (benchmark/monitors.py): summary key -> what the row says
 BEHAVIOUR_ROWS = (("tool_calls_mean", "tool calls / episode"), ("over_actions_mean", "over-actions / episode"),
-                  ("over_action_share", "episodes with an over-action"), ("repeated_reads_mean",
-                                                                          "repeated reads / episode"),
+                  ("over_action_share", "episodes with an over-action"),
+                  ("order_only_mean", "order-only writes / episode"),
+                  ("repeated_reads_mean", "repeated reads / episode"),
                   ("transfer_share", "episodes with a transfer"), ("refused_share", "episodes with a refusal"),
                   ("agent_ended_share", "ended by the agent"), ("user_ended_share", "ended by the user"),
                   ("limit_ended_share", "ended otherwise (limits)"), ("max_turns_share", "max turns/steps endings"),
@@ -111,8 +112,9 @@ BEHAVIOUR_BARS = (("over_action_share", "over-action"), ("transfer_share", "tran
 def behaviour_table(behaviour: dict[str, Any]) -> Table:
     """Rows = behaviour monitors, columns = scopes with their episode counts ('-': nothing to take a share of)."""
     table = Table(title="Behaviour monitors (scored episodes): what the agent did beyond its reward",
-                  caption="over-action = a write matching no gold action; repeated read = the same read again "
-                          "with no write between")
+                  caption="over the policy's messages (a task's initial history left out); over-action = a write "
+                          "matching no gold action (order-only: matching up to list order, counted apart); repeated "
+                          "read = the same read again with no write between")
     table.add_column("monitor", style="bold")
     for scope, b in behaviour.items():
         table.add_column(f"{scope}\nE={b['episodes']} eps", justify="right")
