@@ -253,3 +253,17 @@ def test_help_config_lists_every_setting_that_help_leaves_out() -> None:
         assert f"{flag} " not in help_text, f"{flag} is in --help: it no longer fits one screen"
     assert "--help-config" in help_text
     assert build_parser().parse_args(["--max-turns", "3"]).max_turns == 3  # hidden from --help, still a flag
+
+
+@pytest.mark.parametrize("name", sorted(CONSOLE_SCRIPTS))
+def test_every_console_script_answers_help_config(name: str, capsys) -> None:
+    """The README says every command has --help-config: the ones that read TAU2_* settings list them, the others
+    say they read none (exit 0, not argparse's "unrecognized arguments")."""
+    import importlib
+
+    module, func = CONSOLE_SCRIPTS[name].split(":")
+    with pytest.raises(SystemExit) as stop:
+        getattr(importlib.import_module(module), func)(["--help-config"])
+    out = capsys.readouterr().out
+    assert stop.value.code in (0, None)
+    assert "TAU2_MAX_TURNS" in out or out.strip() == f"{name} reads no TAU2_* setting: --help-all lists all its options"
