@@ -187,7 +187,8 @@ def test_cli_compares_two_runs_and_writes_the_comparison(tmp_path: Path, capsys)
     assert saved["runs"]["b"] == {"name": "GRPO", "summary": str(b)}
 
 
-@pytest.mark.parametrize("case", ["other_user", "not_a_summary", "no_episodes", "names"])
+@pytest.mark.parametrize("case", ["other_user", "not_a_summary", "no_episodes", "names", "json_under_a_file",
+                                  "json_unwritable"])
 def test_cli_errors_are_one_line(case: str, tmp_path: Path, capsys) -> None:
     a = write_run(tmp_path / "a.json", SETTINGS, records(A))
     b = write_run(tmp_path / "b.json", {**SETTINGS, "user": "llm"} if case == "other_user" else SETTINGS, records(B))
@@ -198,11 +199,18 @@ def test_cli_errors_are_one_line(case: str, tmp_path: Path, capsys) -> None:
         b.with_name(b.name + ".episodes.jsonl").unlink()
     elif case == "names":
         argv += ["--names", "only-one"]
+    elif case == "json_under_a_file":  # checked before comparing: nothing printed but the line
+        argv += ["--json", str(a / "c.json")]
+    elif case == "json_unwritable":  # /sys refuses a new file even to root
+        argv += ["--json", "/sys/tau2-compare.json"]
     assert main(argv) == 2
-    err = capsys.readouterr().err.strip()
+    captured = capsys.readouterr()
+    err = captured.err.strip()
     assert err.startswith("error: ") and "\n" not in err and "Traceback" not in err
     assert {"other_user": "differ in user", "not_a_summary": "not an evaluator summary",
-            "no_episodes": "episodes file", "names": "--names"}[case] in err
+            "no_episodes": "episodes file", "names": "--names", "json_under_a_file": f"{a} is a file, not a folder",
+            "json_unwritable": "--json /sys/tau2-compare.json: cannot write in /sys"}[case] in err
+    assert captured.out == ""  # nothing compared, nothing written
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from typing import Any
 from tau2_rl_pipeline.eval.compare import NotComparable, compare_runs, verdict_lines
 from tau2_rl_pipeline.eval.episodes_file import EpisodesFileError, atomic_write_text, read_episodes
 from tau2_rl_pipeline.config import CommandParser, HelpFormatter
+from tau2_rl_pipeline.files import unwritable_reason
 
 SUMMARY_FORMAT = "tau2_rl_pipeline.eval_passk/1"
 
@@ -78,6 +79,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if len(names) != 2 or not all(names):
             raise RunLoadError(f"--names takes two comma-separated names, got {args.names!r}")
+        problem = unwritable_reason(args.json) if args.json is not None else None
+        if problem:
+            raise RunLoadError(f"--json {args.json}: {problem}")
         result = compare_runs(load_run(args.run_a), load_run(args.run_b))
     except (RunLoadError, NotComparable, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
