@@ -151,7 +151,32 @@ def test_bench_labels_carry_no_lab_notebook_notes() -> None:
     assert re.search(r"\(\d{1,2}:\d{2}", text) and re.search(r"\b[0-9a-f]{7}\b", text)  # the README has them
     labels = [r.label for spec in bench_chart.SPECS for r in bench_chart.bench_rows(text, spec)]
     assert not [lab for lab in labels if re.search(r"\d{1,2}:\d{2}|\b[0-9a-f]{7,40}\b|\(\s*\)|main at", lab)]
-    assert "28. quiet, as shipped now (TAU2_EPISODE_WORKERS auto = 0 for the async user), the default command" in labels
+    assert "13. retail --workers 0 --latency 2.0 --procs 2, 2 s" in labels  # no **Charted** line: every row
+
+
+def test_a_table_with_history_charts_its_current_rows_pooled_with_their_range(tmp_path: Path) -> None:
+    """P5 keeps 29 rows of history; its **Charted** line names the current ones: one bar per name, the mean of its
+    runs with their range and count, its sides as a range."""
+    text = (ROOT / "bench" / "README.md").read_text()
+    spec = next(s for s in bench_chart.SPECS if s.section == "P5")
+    table = {row["#"]: row for row in bench_chart._table(text, "P5")}
+    groups = bench_chart.charted(text, "P5")
+    rows = bench_chart.bench_rows(text, spec)
+    assert len(table) >= 29 and [r.runs for r in rows] == [len(numbers) for _, numbers in groups] and len(rows) < 4
+    for row, (name, numbers) in zip(rows, groups):
+        values = [float(re.search(r"[\d.]+", table[n]["efficiency (ideal / achieved)"]).group(0)) for n in numbers]
+        assert row.label.startswith(name) and (row.low, row.high) == (min(values), max(values))
+        assert row.value == pytest.approx(sum(values) / len(values))
+    shipped = rows[-1]
+    assert shipped.runs >= 2 and re.fullmatch(r"[\d.]+-[\d.]+ ms", shipped.sides[0]), shipped
+    # a charted row the table lacks, or an entry that names none, is one line naming the benchmark
+    for line, words in (("shipped = rows 28-31", "names row 30, which its table lacks"),
+                        ("shipped = the last ones", "is not NAME = row N or rows N-M")):
+        broken = tmp_path / "README.md"
+        broken.write_text(re.sub(r"^\*\*Charted\*\*.*$", f"**Charted**: {line}", text, count=1, flags=re.MULTILINE))
+        with pytest.raises(ValueError, match=re.escape(f"P5: ")) as e:
+            bench_chart.render(broken, tmp_path / "bench.png")
+        assert words in str(e.value)
 
 
 def test_pictures_go_to_the_users_folder_unless_public_is_asked() -> None:
