@@ -36,7 +36,7 @@ if [[ "$(cat "${VENV}/.tau2-setup-stamp" 2>/dev/null)" != "${_stamp}" ]] ||
     done
   ) &
   _setup_beat=$!
-  _setup_quiet() { { kill "${_setup_beat}" && wait "${_setup_beat}"; } 2>/dev/null; }
+  _setup_quiet() { { kill "${_setup_beat}" && wait "${_setup_beat}"; } 2>/dev/null || true; }  # under set -e too
   _setup_say "[1/4] pip 26.3"
   python -m pip install -q "pip==26.3" >/dev/null  # the pip that checks the hashes below, pinned too
   LOCK=requirements.lock

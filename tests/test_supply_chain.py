@@ -216,7 +216,8 @@ def fake_venv(tmp_path: Path) -> tuple[Path, Path]:
 def test_setup_says_what_it_installs_step_by_step_and_then_nothing_once_done(tmp_path: Path) -> None:
     venv, log = fake_venv(tmp_path)
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "TAU2_VENV": str(venv)}
-    first = subprocess.run(["bash", "-c", 'source scripts/setup.sh && echo "sourced: $HF_HUB_OFFLINE"'], cwd=ROOT,
+    # as demo.sh and test.sh source it: under set -euo pipefail
+    first = subprocess.run(["bash", "-c", 'set -euo pipefail; source scripts/setup.sh; echo "sourced: $HF_HUB_OFFLINE"'], cwd=ROOT,
                            env=env, capture_output=True, text=True, timeout=120, check=False)
     assert first.returncode == 0 and first.stdout == "sourced: 1\n", first.stderr
     lines = first.stderr.splitlines()  # no terminal here: plain lines, as a log file gets them
@@ -227,7 +228,7 @@ def test_setup_says_what_it_installs_step_by_step_and_then_nothing_once_done(tmp
     assert re.fullmatch(r"setup\.sh: done in \d+m\d\ds", lines[-1]) and len(lines) == 6, lines
     pips = [call for call in log.read_text().splitlines() if call.startswith("-m pip install")]
     assert len(pips) == 4 and "--require-hashes" in pips[1] and "-e .[local,test]" in pips[3]
-    again = subprocess.run(["bash", "-c", "source scripts/setup.sh"], cwd=ROOT, env=env, capture_output=True,
+    again = subprocess.run(["bash", "-c", "set -euo pipefail; source scripts/setup.sh"], cwd=ROOT, env=env, capture_output=True,
                            text=True, timeout=120, check=False)
     assert again.returncode == 0 and again.stderr == "" and again.stdout == ""  # stamp matches: starts at once
     assert len([c for c in log.read_text().splitlines() if c.startswith("-m pip")]) == 4
