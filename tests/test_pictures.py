@@ -174,7 +174,7 @@ def test_a_table_with_history_charts_its_current_rows_pooled_with_their_range(tm
                         ("shipped = the last ones", "is not NAME = row N or rows N-M")):
         broken = tmp_path / "README.md"
         broken.write_text(re.sub(r"^\*\*Charted\*\*.*$", f"**Charted**: {line}", text, count=1, flags=re.MULTILINE))
-        with pytest.raises(ValueError, match=re.escape(f"P5: ")) as e:
+        with pytest.raises(ValueError, match="P5: ") as e:
             bench_chart.render(broken, tmp_path / "bench.png")
         assert words in str(e.value)
 

@@ -170,8 +170,8 @@ def test_no_user_server_is_one_line_up_front_and_keeps_the_earlier_result(client
     captured = capsys.readouterr()
     assert code == 2 and captured.out == ""
     assert captured.err.strip().splitlines() == [
-        f"error: no user simulator answers at {base} (Connection refused): start it (scripts/start_user_sim.sh) or "
-        "point TAU2_USER_API_BASE at one; nothing written"]
+        (f"error: no user simulator answers at {base} (Connection refused): start it (scripts/start_user_sim.sh) "
+         "or point TAU2_USER_API_BASE at one; nothing written")]
     assert earlier.read_text() == '{"earlier": true}\n' and sorted(p.name for p in tmp_path.iterdir()) == ["q.json"]
 
 
