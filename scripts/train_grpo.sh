@@ -89,7 +89,6 @@ for name in GRPO_EPS_CLIP GRPO_EPS_CLIP_HIGH GRPO_KL_LOSS_COEF GRPO_ENTROPY_COEF
 done
 require_choice GRPO_KL_LOSS_TYPE "${GRPO_KL_LOSS_TYPE}" k1 k2 k3 low_var_kl
 require_choice GRPO_ALGORITHM "${GRPO_ALGORITHM}" grpo awsft
-require_choice TAU2_LOSS_REDUCTION "${TAU2_LOSS_REDUCTION}" sample_mean token_mean
 if [[ "${GRPO_MASK_OFFPOLICY}" == 0 ]]; then
   [[ "${GRPO_ALGORITHM}" == grpo ]] ||
     die "GRPO_MASK_OFFPOLICY=0 would train turns sampled by older weights with nothing to correct them: GRPO_ALGORITHM=awsft never applies TIS; keep GRPO_MASK_OFFPOLICY=1"

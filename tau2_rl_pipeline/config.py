@@ -361,7 +361,9 @@ class CommandParser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
         self._more: list[argparse._ArgumentGroup] = []
         self._show_all = False
+        self.reads_config = False  # add_config_args sets it: --help-config lists the settings, else says there are none
         self.add_argument("--help-all", action=_HelpAll)
+        self.add_argument("--help-config", action=_HelpConfig)
 
     def add_argument_group(self, *args: Any, more: bool = False, **kwargs: Any) -> argparse._ArgumentGroup:
         group = super().add_argument_group(*args, **kwargs)
@@ -415,7 +417,10 @@ class _HelpConfig(argparse.Action):
                          help="list every TAU2_* setting as a flag and exit")
 
     def __call__(self, parser, namespace, values, option_string=None):
-        print(config_help())
+        if getattr(parser, "reads_config", True):
+            print(config_help())
+        else:
+            print(f"{parser.prog} reads no TAU2_* setting: --help-all lists all its options")
         parser.exit()
 
 
@@ -423,7 +428,10 @@ def add_config_args(parser: argparse.ArgumentParser) -> None:
     """Expose every config field as a `--flag` (default None = keep the env/default value). They are left out of
     --help, which stays one screen; --help-config lists them."""
     hints = typing.get_type_hints(Tau2Config)
-    parser.add_argument("--help-config", action=_HelpConfig)
+    if isinstance(parser, CommandParser):
+        parser.reads_config = True
+    else:
+        parser.add_argument("--help-config", action=_HelpConfig)
     for f in fields(Tau2Config):
         flag = "--" + f.name.replace("_", "-")
         typ = hints[f.name]

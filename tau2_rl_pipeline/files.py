@@ -41,3 +41,24 @@ def staging_dir(out: str | os.PathLike) -> Path:
     staging = out.parent / f".{out.name}.{uuid.uuid4().hex[:12]}"
     staging.mkdir()
     return staging
+
+
+def unwritable_reason(path: str | os.PathLike) -> str | None:
+    """Why a file could not be written at `path` (its missing parents made first), in words, or None when it could.
+    Checked before work whose result goes there, so that a bad output path is one line before the work, not a
+    traceback after it. Creates nothing lasting: a probe file in the nearest existing folder, removed at once."""
+    path = Path(path)
+    if path.is_dir():
+        return f"{path} is a folder; give a file path inside it, such as {path / 'out.json'}"
+    folder = path.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if not folder.is_dir():
+        return f"{folder} is a file, not a folder, so {path} cannot be made"
+    probe = folder / f".{path.name}.{uuid.uuid4().hex[:12]}.probe"
+    try:
+        probe.touch(exist_ok=False)
+        probe.unlink()
+    except OSError as e:
+        return f"cannot write in {folder} ({e.strerror or e})"
+    return None

@@ -18,7 +18,9 @@ import asyncio
 import json
 import logging
 import random
+import socket
 import time
+import urllib.parse
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
@@ -48,6 +50,20 @@ def split_urls(value: str | Sequence[str]) -> list[str]:
     if bad:
         raise ValueError(f"a server URL must start with http:// or https://, got {bad[0]!r}")
     return urls
+
+
+def first_unreachable(value: str | Sequence[str], timeout_s: float = 5.0) -> str | None:
+    """The first server (of `split_urls(value)`) that takes no TCP connection within `timeout_s`, with the reason,
+    or None when all do: one look before a run, instead of every request's retries finding out."""
+    for url in split_urls(value):
+        parts = urllib.parse.urlsplit(url)
+        try:
+            port = parts.port or (443 if parts.scheme == "https" else 80)
+            with socket.create_connection((parts.hostname or "", port), timeout=timeout_s):
+                pass
+        except (OSError, ValueError) as e:
+            return f"{url} ({getattr(e, 'strerror', None) or e})"
+    return None
 
 
 def pick_server(in_flight: Sequence[int], down_until: Sequence[float], now: float, turn: int) -> int:

@@ -323,14 +323,15 @@ def test_every_cluster_setting_reaches_the_commands(tmp_path: Path) -> None:
 
 
 def test_the_readmes_multi_node_command_dry_runs_as_typed(tmp_path: Path) -> None:
-    """README's "Beyond one node" command, with a 2-node hostfile: the plan it promises (eth0 may not exist here:
-    a dry run only warns about an interface this machine lacks)."""
+    """README's "Beyond one node" commands as pasted: the line that makes the 2-node hostfile, then the dry run, and
+    the plan it promises (eth0 may not exist here: a dry run only warns about an interface this machine lacks)."""
     text = (Path(__file__).resolve().parents[1] / "README.md").read_text().replace("\\\n", " ")
+    (make,) = [ln.strip() for ln in text.splitlines() if ln.startswith("    printf ") and ln.endswith("your nodes")]
+    subprocess.run(["bash", "-c", make], cwd=tmp_path, check=True, timeout=60)
     (line,) = [ln.strip() for ln in text.splitlines() if ln.startswith("    HOSTFILE=hostfile ")]
     *assignments, bash, script = line.split()
     assert (bash, script) == ("bash", "scripts/train_grpo.sh")
     env = dict(a.split("=", 1) for a in assignments)
-    (tmp_path / "hostfile").write_text("10.0.0.1 slots=8\n10.0.0.2 slots=8\n")
     result = dry("train_grpo.sh", tmp_path, **env)
     assert plan(result) == ["10.0.0.1 (head): actor ranks 0-3; SGLang engines 0-3 (1 GPU(s) each)",
                             "10.0.0.2 (worker): actor ranks 4-7; SGLang engines 4-7 (1 GPU(s) each)"]

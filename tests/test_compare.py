@@ -285,6 +285,8 @@ ERRORS = {"other_user": "differ in user", "not_a_summary": "not an evaluator sum
           "no_settings": "the summary has no settings", "no_num_samples": "no valid num_samples",
           "no_reward": "episode mock/t1/0 in", "string_reward": "has no numeric reward",
           "no_task_id": "holds an episode without 'task_id'",
+          "json_under_a_file": "is a file, not a folder",
+          "json_unwritable": "--json /sys/tau2-compare.json: cannot write in /sys",
           "cut_off": "the run is unfinished or its episodes file was cut off: its summary counts 12 episodes, the "
                      "file holds 7 (tasks with fewer than 2 episodes: mock/t4 (1)); finish it"}
 
@@ -313,6 +315,10 @@ def test_cli_errors_are_one_line(case: str, tmp_path: Path, capsys) -> None:
         episodes.unlink()
     elif case == "names":
         argv += ["--names", "only-one"]
+    elif case == "json_under_a_file":  # checked before comparing: nothing printed but the line
+        argv += ["--json", str(a / "c.json")]
+    elif case == "json_unwritable":  # /sys refuses a new file even to root
+        argv += ["--json", "/sys/tau2-compare.json"]
     assert main(argv) == 2
     captured = capsys.readouterr()
     err = captured.err.strip()

@@ -147,3 +147,54 @@ def test_the_grpo_gate_and_one_line_errors(tmp_path: Path, capsys, monkeypatch) 
         code = main(argv)
         err = capsys.readouterr().err.strip()
         assert code in (1, 2) and err.startswith("error: ") and "\n" not in err and words in err, err
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("client", ["async", "litellm"])
+def test_no_user_server_is_one_line_up_front_and_keeps_the_earlier_result(client: str, tmp_path: Path,
+                                                                          capsys) -> None:
+    """--user llm with nothing listening at the API base: one line before any episode (not every request's
+    retries), exit 2, and the earlier summary at --output untouched."""
+    earlier = tmp_path / "q.json"
+    earlier.write_text('{"earlier": true}\n')
+    base = f"http://127.0.0.1:{free_port()}/v1"  # nothing listens there: refused, for real
+    code = main(["--user", "llm", "--domains", "mock", "--task-split", "base", "--user-model", "openai/qwen",
+                 "--user-api-base", base, "--user-client", client, "--output", str(earlier)])
+    captured = capsys.readouterr()
+    assert code == 2 and captured.out == ""
+    assert captured.err.strip().splitlines() == [
+        (f"error: no user simulator answers at {base} (Connection refused): start it (scripts/start_user_sim.sh) "
+         "or point TAU2_USER_API_BASE at one; nothing written")]
+    assert earlier.read_text() == '{"earlier": true}\n' and sorted(p.name for p in tmp_path.iterdir()) == ["q.json"]
+
+
+def test_a_second_run_says_it_replaces_the_earlier_result(tmp_path: Path, capsys) -> None:
+    assert run(tmp_path, "--user", "scripted", "--domains", "mock", "--task-split", "base", "--task-ids",
+               "create_task_1")[0] == 0
+    assert "earlier" not in capsys.readouterr().err
+    assert run(tmp_path, "--user", "scripted", "--domains", "mock", "--task-split", "base", "--task-ids",
+               "create_task_1")[0] == 0
+    assert (f"note: {tmp_path / 'q.json'} holds an earlier qualification; this run replaces it when it finishes"
+            in capsys.readouterr().err)
+
+
+@pytest.mark.parametrize("where", ["under_a_file", "unwritable", "a_folder"])
+def test_an_output_path_that_cannot_be_written_is_one_line_before_the_run(where: str, tmp_path: Path,
+                                                                          capsys) -> None:
+    (tmp_path / "file").write_text("x")
+    output = {"under_a_file": tmp_path / "file" / "q.json", "unwritable": Path("/sys/tau2-qualify/q.json"),
+              "a_folder": tmp_path}[where]
+    code = main(["--user", "scripted", "--domains", "mock", "--task-split", "base", "--output", str(output)])
+    captured = capsys.readouterr()
+    assert code == 2 and captured.out == "" and "Traceback" not in captured.err
+    (line,) = captured.err.strip().splitlines()
+    assert line.startswith(f"error: --output {output}: ") and {
+        "under_a_file": f"{tmp_path / 'file'} is a file, not a folder", "unwritable": "cannot write in /sys",
+        "a_folder": "is a folder"}[where] in line

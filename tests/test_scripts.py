@@ -529,10 +529,10 @@ def test_user_sim_serves_where_the_rollout_looks(dry_dir: Path) -> None:
     ("train_grpo.sh", {"GRPO_N_SAMPLES": "0"}, "GRPO_N_SAMPLES=0 must be a positive integer"),
     ("train_grpo.sh", {"GRPO_KL_LOSS_TYPE": "kl"}, "GRPO_KL_LOSS_TYPE=kl is not one of"),
     ("train_grpo.sh", {"GRPO_ALGORITHM": "ppo"}, "GRPO_ALGORITHM=ppo is not one of: grpo awsft"),
-    ("train_grpo.sh", {"TAU2_LOSS_REDUCTION": "sum"}, "TAU2_LOSS_REDUCTION=sum is not one of: sample_mean token_mean"),
+    ("train_grpo.sh", {"TAU2_LOSS_REDUCTION": "sum"}, "TAU2_LOSS_REDUCTION='sum' is not one of: sample_mean, token_mean"),
     ("train_grpo.sh", {"GRPO_GLOBAL_BATCH_SIZE": "48"}, "must divide the 64 samples"),
     ("train_grpo.sh", {"TAU2_GPU_LAYOUT": "3"}, "TAU2_GPU_LAYOUT=3 is not one of: 8, 4, 2"),
-    ("train_grpo.sh", {"TAU2_FILTER_ZERO_STD": "maybe"}, "TAU2_FILTER_ZERO_STD=maybe must be true or false"),
+    ("train_grpo.sh", {"TAU2_FILTER_ZERO_STD": "maybe"}, "TAU2_FILTER_ZERO_STD='maybe' is not a valid true/false"),
     ("train_grpo.sh", {"POLICY_GPUS": "0,1,4,5"}, "GPU 4 is in both"),
     ("train_grpo.sh", {"GRPO_ASYNC": "maybe"}, "GRPO_ASYNC=maybe must be true or false"),
     ("train_grpo.sh", {"GRPO_ASYNC": "1", "TAU2_GPU_LAYOUT": "2"}, "it needs at least 2 policy GPUs"),
@@ -547,12 +547,26 @@ def test_user_sim_serves_where_the_rollout_looks(dry_dir: Path) -> None:
     ("start_user_sim.sh", {"TAU2_USER_API_BASE": ""}, "TAU2_USER_API_BASE is empty: set TAU2_USER_API_BASE="),
     ("download.sh", {"SEED_SOURCE": "web"}, "SEED_SOURCE=web is not one of: hub oracle"),
     ("convert_megatron_to_hf.sh", {"ITER": "last"}, "ITER=last must be an iteration number or release"),
+    # a TAU2_* value as the user set it, not the flag a script passes it on as (Tau2Config's reading, as Ray's)
+    ("train_grpo.sh", {"TAU2_MAX_TURNS": "abc"}, "train_grpo.sh: error: TAU2_MAX_TURNS='abc' is not a valid int"),
+    ("start_user_sim.sh", {"TAU2_USER_TEMPERATURE": "0.7", "TAU2_SAMPLER_FLOOR": "0"}, "TAU2_SAMPLER_FLOOR=0"),
 ])
 def test_bad_input_is_a_one_line_error(dry_dir: Path, script: str, env: dict[str, str], message: str) -> None:
     result = run_script(script, dry_dir, **env)
     assert result.rc == 1 and result.stdout == ""
     errors = [line for line in result.stderr.splitlines() if ": error: " in line]
     assert len(errors) == 1 and message in errors[0], result.stderr
+
+
+def test_an_unknown_tau2_variable_is_warned_about_once_with_the_closest_name(tmp_path: Path) -> None:
+    """A typo would otherwise ride silently into Ray's environment; pipeline.sh's stages do not repeat it."""
+    warning = ("warning: TAU2_MAX_TURNZ is not a setting of this cookbook and is ignored; did you mean "
+               "TAU2_MAX_TURNS?")
+    result = dry_ok("train_grpo.sh", tmp_path, TAU2_MAX_TURNZ="5")
+    assert f"train_grpo.sh: {warning}" in result.stderr.splitlines()
+    assert "TAU2_MAX_TURNZ" not in dry_ok("train_grpo.sh", tmp_path).stderr
+    whole = dry_ok("pipeline.sh", tmp_path, TAU2_MAX_TURNZ="5")
+    assert [line for line in whole.stderr.splitlines() if "TAU2_MAX_TURNZ" in line] == [f"pipeline.sh: {warning}"]
 
 
 def test_dry_run_warns_about_missing_inputs_a_real_run_stops(tmp_path: Path) -> None:

@@ -202,6 +202,38 @@ def test_setup_installs_the_lock_in_hash_checking_mode() -> None:
             assert re.search(r'"[A-Za-z0-9_.-]+==[0-9][^"*]*"', line), line
 
 
+def fake_venv(tmp_path: Path) -> tuple[Path, Path]:
+    """A venv whose python records its arguments and succeeds: setup.sh's own logic runs, nothing installs (the
+    real install is the fresh-clone run's: 5-6 minutes, 2 GB)."""
+    venv, log = tmp_path / "venv", tmp_path / "calls.log"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").write_text(f'#!/bin/sh\necho "$*" >>{log}\nexit 0\n')
+    (venv / "bin" / "python").chmod(0o755)
+    (venv / "bin" / "activate").write_text(f'PATH="{venv / "bin"}:$PATH"\n')
+    return venv, log
+
+
+def test_setup_says_what_it_installs_step_by_step_and_then_nothing_once_done(tmp_path: Path) -> None:
+    venv, log = fake_venv(tmp_path)
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "TAU2_VENV": str(venv)}
+    # as demo.sh and test.sh source it: under set -euo pipefail
+    first = subprocess.run(["bash", "-c", 'set -euo pipefail; source scripts/setup.sh; echo "sourced: $HF_HUB_OFFLINE"'], cwd=ROOT,
+                           env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert first.returncode == 0 and first.stdout == "sourced: 1\n", first.stderr
+    lines = first.stderr.splitlines()  # no terminal here: plain lines, as a log file gets them
+    assert lines[0].startswith(f"setup.sh: installing the pinned dependencies into {venv} (about 6 minutes")
+    locked = sum(1 for line in (ROOT / "requirements.lock").read_text().splitlines() if re.match(r"[A-Za-z0-9]", line))
+    assert [line.split("]")[0] for line in lines[1:5]] == [f"setup.sh: [{i}/4" for i in range(1, 5)]
+    assert f"[2/4] {locked} locked packages, each hash-checked" in lines[2] and "torch==" in lines[3]
+    assert re.fullmatch(r"setup\.sh: done in \d+m\d\ds", lines[-1]) and len(lines) == 6, lines
+    pips = [call for call in log.read_text().splitlines() if call.startswith("-m pip install")]
+    assert len(pips) == 4 and "--require-hashes" in pips[1] and "-e .[local,test]" in pips[3]
+    again = subprocess.run(["bash", "-c", "set -euo pipefail; source scripts/setup.sh"], cwd=ROOT, env=env, capture_output=True,
+                           text=True, timeout=120, check=False)
+    assert again.returncode == 0 and again.stderr == "" and again.stdout == ""  # stamp matches: starts at once
+    assert len([c for c in log.read_text().splitlines() if c.startswith("-m pip")]) == 4
+
+
 def test_the_package_builds_with_the_locked_setuptools_without_deprecation_warnings(lock, tmp_path: Path) -> None:
     """setup.sh builds the package with the locked setuptools (no build isolation): it must satisfy the build
     requirement, and building the metadata must warn about nothing (a table-form license is deprecated)."""

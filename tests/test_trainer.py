@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import re
 import sys
 import types
 from dataclasses import replace
@@ -299,6 +300,39 @@ def test_without_a_terminal_each_training_step_logs_a_line(tiny_small_dir, mock_
     lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("sft ")]
     assert [line.split()[1] for line in lines] == [f"{i}/6" for i in range(1, 7)]
     assert all("loss" in line for line in lines)
+    # elapsed time and, until the last step, the estimate at this run's pace
+    assert all(re.search(r"\(\d[\dhms]*, about \d[\dhms]* left\)$", line) for line in lines[:-1]), lines
+    assert re.search(r"\(\d[\dhms]*\)$", lines[-1]), lines[-1]
+
+
+def test_the_time_left_is_the_runs_pace_times_the_steps_left() -> None:
+    from tau2_rl_pipeline.local.train_log import clock, run_time, time_left
+
+    assert [clock(s) for s in (0, 12.4, 59.6, 250, 3599, 3720, 90000)] == [
+        "0s", "12s", "1m00s", "4m10s", "59m59s", "1h02m", "25h00m"]
+    assert time_left(100.0, 4, 6) == "about 2m30s left"  # 25 s a step, 6 steps to go
+    assert time_left(100.0, 0, 6) == "" and time_left(100.0, 4, 0) == ""  # no pace yet; nothing left
+    assert run_time(100.0, 4, 6) == "1m40s, about 2m30s left" and run_time(5.0, 1, 0) == "5s"
+
+
+def test_the_starting_loss_is_kept_for_a_resume_and_not_computed_again(tiny_small_dir, mock_demos, tmp_path,
+                                                                       capsys):
+    """The demo's SFT stage measures the loss before training; a resumed run reads it back (it is the starting
+    weights' loss) instead of a second pass over the examples, and other examples get their own."""
+    keep = tmp_path / "sft.resume"
+    first = trainer_for(tiny_small_dir, tmp_path / "a", micro_batch_size=2)
+    before = first.loss_before(mock_demos[:4], keep)
+    assert before == first.evaluate(mock_demos[:4]) and (keep / "loss_before.json").is_file()
+    first.sft(mock_demos[:4])  # trained: its own loss now differs from the starting one
+    assert first.evaluate(mock_demos[:4]) < before
+    capsys.readouterr()
+    again = trainer_for(tiny_small_dir, tmp_path / "b", micro_batch_size=2)
+    assert again.loss_before(mock_demos[:4], keep) == before
+    err = capsys.readouterr().err
+    assert "kept from the stopped run, not computed again" in err and "loss over 4 examples (no update)" not in err
+    other = trainer_for(tiny_small_dir, tmp_path / "c", micro_batch_size=2)
+    assert other.loss_before(mock_demos[:3], keep) == other.evaluate(mock_demos[:3])
+    assert "loss over 3 examples (no update)" in capsys.readouterr().err
 
 
 def test_sft_stopped_by_ctrl_c_resumes_at_its_last_saved_step_and_ends_where_an_unstopped_run_ends(

@@ -61,7 +61,8 @@ def test_a_source_folder_installs_offline_as_the_only_tau2_and_26_3_comes_back(b
 
 @pytest.mark.parametrize("make, expected", [
     (lambda d: d, "is not a tau2-bench folder"),
-    (lambda d: d / "nope", "not 26.3, a tau2-bench folder or a tau2 wheel"),
+    (lambda d: d / "tau2-bench-1.0.1", "tau2-bench-1.0.1 does not exist: give a tau2-bench 1.0.1 folder you have"),
+    (lambda d: (d / "notes.txt").touch() or d / "notes.txt", "not 26.3, a tau2-bench folder or a tau2 wheel"),
     (lambda d: (d / "other-1.0-py3-none-any.whl").touch() or d / "other-1.0-py3-none-any.whl", "is not a tau2 wheel"),
 ])
 def test_a_wrong_target_is_one_line_and_changes_nothing(bare_venv: Path, tmp_path: Path, make, expected) -> None:

@@ -25,6 +25,7 @@ from typing import Any
 from tau2_rl_pipeline.eval.compare import NotComparable, compare_runs, verdict_lines
 from tau2_rl_pipeline.eval.episodes_file import EpisodesFileError, atomic_write_text, read_episodes
 from tau2_rl_pipeline.config import CommandParser, HelpFormatter
+from tau2_rl_pipeline.files import unwritable_reason
 
 SUMMARY_FORMAT = "tau2_rl_pipeline.eval_passk/1"
 
@@ -139,6 +140,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if len(names) != 2 or not all(names):
             raise RunLoadError(f"--names takes two comma-separated names, got {args.names!r}")
+        problem = unwritable_reason(args.json) if args.json is not None else None
+        if problem:
+            raise RunLoadError(f"--json {args.json}: {problem}")
         runs = [load_run(path, allow_unfinished=args.allow_unfinished) for path in (args.run_a, args.run_b)]
         result = compare_runs(*runs)
     except (RunLoadError, NotComparable, ValueError) as e:

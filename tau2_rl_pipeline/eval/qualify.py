@@ -44,6 +44,8 @@ from tau2_rl_pipeline.benchmark.tasks import TaskLookupError
 from tau2_rl_pipeline.benchmark.tau2_version import benchmark_id, needs_judge
 from tau2_rl_pipeline.benchmark.users import USER_KINDS, UserConfigError, make_user_factory
 from tau2_rl_pipeline.config import ConfigError, add_config_args, command_parser, config_from_args
+from tau2_rl_pipeline.files import unwritable_reason
+from tau2_rl_pipeline.http_post import first_unreachable
 from tau2_rl_pipeline.metrics import bootstrap_ci, is_success
 
 FORMAT = "tau2_rl_pipeline.qualify_user/1"
@@ -254,12 +256,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         if args.concurrency < 1:
             raise ValueError(f"--concurrency must be >= 1, got {args.concurrency}")
-        if args.output.is_dir():
-            raise ValueError(f"--output {args.output} is a directory; pass a file path such as {args.output}/user.json")
+        problem = unwritable_reason(args.output)
+        if problem:
+            raise ValueError(f"--output {args.output}: {problem}")
         domains = csv_list(args.domains)
         plan = make_plan(domains, args.task_split, csv_list(args.task_ids) if args.task_ids else None,
                          args.num_samples)
         user_factory = make_user_factory(args.user, cfg)
+        down = first_unreachable(cfg.user_api_base) if args.user == "llm" and cfg.user_api_base else None
+        if down:  # else every episode's every request retries before failing (2000 lines, minutes)
+            raise UserConfigError(f"no user simulator answers at {down}: start it (scripts/start_user_sim.sh) or "
+                                  "point TAU2_USER_API_BASE at one; nothing written")
         if any(needs_judge(t) for ts in plan.tasks.values() for t in ts):
             judge.check_judge(cfg)  # a remote judge without an API key: one line, before anything runs
         others = [read_episodes(output_paths(p, [])["episodes"]).values() for p in args.against]
@@ -267,6 +274,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1 if isinstance(e, QualificationError) else 2
+    if args.output.exists():
+        print(f"note: {args.output} holds an earlier qualification; this run replaces it when it finishes "
+              "(--output elsewhere keeps it)", file=sys.stderr)
     records = asyncio.run(run_oracle(plan.episodes(), user_factory, cfg, args.seed, args.concurrency))
     failing = failing_tasks(records)
     for other in others:

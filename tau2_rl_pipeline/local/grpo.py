@@ -35,6 +35,7 @@ from tau2_rl_pipeline.learning.curriculum import STATE_FILE, CurriculumTracker
 from tau2_rl_pipeline.learning.judge_reward import JudgeClient, judge_trajectory
 from tau2_rl_pipeline.learning.reward import post_process, task_key
 from tau2_rl_pipeline.local.examples import examples_from_trajectory
+from tau2_rl_pipeline.local.train_log import run_time
 from tau2_rl_pipeline.local.trainer import LocalTrainer, TrainConfig
 from tau2_rl_pipeline.metrics import is_success
 from tau2_rl_pipeline.rollout.engines import SamplingParams, TransformersEngine
@@ -198,6 +199,7 @@ def grpo_stage(settings: GrpoSettings, start: Path, dest: Path, root: Path, cfg:
     sampling = SamplingParams(temperature=s.temperature, max_new_tokens=s.max_new_tokens,
                               stop_token_ids=(trainer.tokenizer.eos_token_id,))
     history = list(progress.history)
+    first, t_run = progress.step, time.perf_counter()
     for step in range(progress.step + 1, s.steps + 1):
         rng = random.Random(f"{name}-draw/{s.seed}/{step}")
         k = min(s.tasks_per_step, len(keys))
@@ -231,10 +233,11 @@ def grpo_stage(settings: GrpoSettings, start: Path, dest: Path, root: Path, cfg:
         history.append(record)
         _save_step(trainer, progress.step_dir(step), tracker, cfg)
         progress.commit(step, history)
+        timing = run_time(time.perf_counter() - t_run, step - first, s.steps - step)  # this run's pace: resumes too
         report(f"{name} step {step}/{s.steps}: reward {record['raw_reward_mean']:.3f} "
                f"(shaped {record['shaped_reward_mean']:.3f}) over {record['episodes']} episodes, "
                f"{record['groups_without_signal']}/{record['groups']} groups without signal, "
-               f"trained on {len(examples)} sequences")
+               f"trained on {len(examples)} sequences ({timing})")
     if not dest.exists():  # saved whole or not at all: present means a run stopped just after saving it
         trainer.save(dest)
     trainer.close()

@@ -120,7 +120,7 @@ def sft_stage(args, start: Path, rows: list[dict], dest: Path, out: Path, lr: fl
     with answer_ctrl_c(interrupted_line(out)):  # a backward pass holds KeyboardInterrupt for seconds
         trainer = LocalTrainer(start, train_config(args, out, lr, epochs))
         examples = [sft_example_from_chat(trainer.tokenizer, row["messages"], row.get("tools")) for row in rows]
-        before = trainer.evaluate(examples)
+        before = trainer.loss_before(examples, resume_dir(dest))  # kept there: a resume does not repeat it
         trainer.sft(examples, resume_dir=resume_dir(dest))  # resumes a stopped run's last saved step
         after = trainer.evaluate(examples)
         trainer.save(dest)

@@ -13,26 +13,57 @@ from pathlib import Path
 from typing import Any
 
 
+def clock(seconds: float) -> str:
+    """A duration as a person reads it: 12s, 4m10s, 1h02m."""
+    s = max(0, round(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+def time_left(elapsed_s: float, done_here: int, left: int) -> str:
+    """"about 4m10s left" at this run's pace (the steps done since it started or resumed), or "" before its first
+    step and after its last."""
+    if done_here <= 0 or left <= 0:
+        return ""
+    return f"about {clock(elapsed_s / done_here * left)} left"
+
+
+def run_time(elapsed_s: float, done_here: int, left: int) -> str:
+    """"4m10s, about 3m20s left": the time so far and the estimate, as a progress line shows them."""
+    return ", ".join(x for x in (clock(elapsed_s), time_left(elapsed_s, done_here, left)) if x)
+
+
 @contextmanager
 def progress(description: str, total: int, done: int = 0) -> Iterator[Callable[..., None]]:
-    """A rich progress bar on a terminal; yields advance(status). Nests under a caller's own bar (rich >= 14).
-    When stderr is not a terminal (a log file, CI) a bar shows nothing until it ends: one line per step instead."""
+    """A rich progress bar on a terminal (elapsed and remaining time); yields advance(status). Nests under a
+    caller's own bar (rich >= 14). When stderr is not a terminal (a log file, CI) a bar shows nothing until it
+    ends: one line per step instead, with the elapsed time and the estimate beside it."""
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
     if not Console(stderr=True).is_terminal:
-        t0 = time.perf_counter()
+        t0, start = time.perf_counter(), done
 
         def log_line(status: str = "") -> None:
             nonlocal done
             done += 1
-            print(f"{description} {done}/{total} {status} ({time.perf_counter() - t0:.1f}s)".replace("  ", " "),
-                  file=sys.stderr, flush=True)
+            timing = run_time(time.perf_counter() - t0, done - start, total - done)
+            print(f"{description} {done}/{total} {status} ({timing})".replace("  ", " "), file=sys.stderr, flush=True)
 
         yield log_line
         return
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  TextColumn("{task.fields[status]}")) as bar:
+                  TextColumn("eta"), TimeRemainingColumn(), TextColumn("{task.fields[status]}")) as bar:
         task = bar.add_task(description, total=total, completed=done, status="")
         yield lambda status="": bar.update(task, advance=1, status=status)
 

@@ -1,8 +1,11 @@
-"""public/bench.png: every row of the P-tables in bench/README.md as a ratio, each panel saying what it is against.
+"""public/bench.png: the rows of the P-tables in bench/README.md as ratios, each panel saying what it is against.
 
 The numbers are read from bench/README.md itself (its markdown tables), so the chart shows what the README
 reports; SPECS says, per benchmark, which columns are the row's label, its ratio and the two sides of the ratio.
-A README table whose columns no longer match its spec is an error naming the benchmark and the column.
+A table that keeps its history (earlier commits, loaded machines) names its current rows in a line of its section,
+`**Charted** (...): NAME = row 10; NAME = rows 28-29`: the chart then draws one bar per name, the mean of its runs
+with their range and count, and leaves the history to the table. A README table whose columns no longer match its
+spec, or a charted row it lacks, is an error naming the benchmark.
 """
 
 from __future__ import annotations
@@ -40,8 +43,9 @@ SPECS = (
               label_unit=" tokens of history"),
     BenchSpec("P4", "P4 vs. the original design: episodes one after another / 32 in flight (wall time)",
               ("evaluation",), "ratio", ("sequential", "concurrent (32 in flight)"), "x"),
-    BenchSpec("P5", "P5 LLM user: ideal/achieved, 1 s/call; load 7-12 rows 1-7, <3 rows 12-21, <1.3 others "
-              "(CPU/episode)", ("run",), "efficiency (ideal / achieved)", ("CPU per episode",), "%", 90.0),
+    BenchSpec("P5", "P5 LLM user: ideal wall time / achieved (1024 episodes, 256 in flight, 1 s/call, quiet; "
+              "CPU/episode)", ("run",), "efficiency (ideal / achieved)",
+              ("CPU per episode",), "%", 90.0),
     BenchSpec("P6", "P6 the long tail: slime's synchronous rollout step / this mode's (wall time; 0.5 s per call)",
               ("mode",), "vs sync", ("wall per step (mean)",), "x"),
 )
@@ -53,16 +57,39 @@ LABEL_WIDTH = 52  # characters of a row label per line
 @dataclass
 class BenchRow:
     label: str
-    value: float
+    value: float  # the mean of `runs` runs
     sides: tuple[str, ...]
+    low: float | None = None  # the range of the runs, when there are several
+    high: float | None = None
+    runs: int = 1
+
+
+def _section(text: str, section: str) -> str:
+    match = re.search(rf"^## {section}\b.*?$(.*?)(?=^## |\Z)", text, flags=re.MULTILINE | re.DOTALL)
+    if not match:
+        raise ValueError(f"bench/README.md has no section '## {section}'")
+    return match.group(1)
+
+
+def charted(text: str, section: str) -> list[tuple[str, list[str]]] | None:
+    """The section's `**Charted**` line as [(name, its row numbers)], or None when it has none (every row shown)."""
+    match = re.search(r"^\*\*Charted\*\*(?:\s*\([^)]*\))?:(.+)$", _section(text, section), flags=re.MULTILINE)
+    if not match:
+        return None
+    groups = []
+    for part in match.group(1).split(";"):
+        name, _, rows = part.partition("=")
+        numbers = [str(n) for a, b in re.findall(r"(\d+)(?:-(\d+))?", rows) for n in range(int(a), int(b or a) + 1)]
+        if not name.strip() or not numbers:
+            raise ValueError(f"bench/README.md {section}: a **Charted** entry is not NAME = row N or rows N-M: "
+                             f"{part.strip()!r}")
+        groups.append((name.strip(), numbers))
+    return groups
 
 
 def _table(text: str, section: str) -> list[dict[str, str]]:
     """The first markdown table of `## <section>:` as dicts keyed by header."""
-    match = re.search(rf"^## {section}\b.*?$(.*?)(?=^## |\Z)", text, flags=re.MULTILINE | re.DOTALL)
-    if not match:
-        raise ValueError(f"bench/README.md has no section '## {section}'")
-    lines = [ln.strip() for ln in match.group(1).splitlines()]
+    lines = [ln.strip() for ln in _section(text, section).splitlines()]
     start = next((i for i, ln in enumerate(lines) if ln.startswith("|")), None)
     if start is None:
         raise ValueError(f"bench/README.md section {section} has no table")
@@ -101,19 +128,42 @@ def _label(cell: str) -> str:
 
 
 def bench_rows(text: str, spec: BenchSpec) -> list[BenchRow]:
-    out = []
-    for row in _table(text, spec.section):
+    """The panel's bars: one per charted name (its runs pooled), or, with no **Charted** line, one per row."""
+    table = _table(text, spec.section)
+    for row in table:
         for column in (*spec.label, spec.value, *spec.sides):
             if column not in row:
                 raise ValueError(f"bench/README.md {spec.section}: no column {column!r} (has: {', '.join(row)})")
-        label = ", ".join(_label(row[c]) for c in spec.label) + spec.label_unit
-        if "#" in row:
-            label = f"{row['#']}. {label}"
-        sides = tuple(_plain(row[c]) + spec.side_unit for c in spec.sides)
-        out.append(BenchRow(label, _number(row[spec.value]), sides))
-    if not out:
+    if not table:
         raise ValueError(f"bench/README.md {spec.section}: the table has no rows")
+    groups = charted(text, spec.section)
+    if groups is None:
+        return [BenchRow((f"{row['#']}. " if "#" in row else "") + ", ".join(_label(row[c]) for c in spec.label)
+                         + spec.label_unit, _number(row[spec.value]),
+                         tuple(_plain(row[c]) + spec.side_unit for c in spec.sides)) for row in table]
+    by_number = {row.get("#"): row for row in table}
+    out = []
+    for name, numbers in groups:
+        missing = [n for n in numbers if n not in by_number]
+        if missing:
+            raise ValueError(f"bench/README.md {spec.section}: **Charted** names row {missing[0]}, which its table "
+                             "lacks")
+        rows = [by_number[n] for n in numbers]
+        values = [_number(row[spec.value]) for row in rows]
+        sides = tuple(_span([_plain(row[c]) for row in rows]) + spec.side_unit for c in spec.sides)
+        label = f"{name} ({len(rows)} run{'s' if len(rows) > 1 else ''}, row{'s' if len(rows) > 1 else ''} " \
+                f"{', '.join(numbers)})"
+        out.append(BenchRow(label, round(sum(values) / len(values), 3), sides, min(values), max(values), len(rows)))
     return out
+
+
+def _span(cells: list[str]) -> str:
+    """Cells such as "5.6 ms", "4.1 ms" as one: "4.1-5.6 ms" (or the cell, when they agree)."""
+    if len(set(cells)) == 1:
+        return cells[0]
+    numbers = [_number(c) for c in cells]
+    unit = re.sub(r"^\D*\d[\d,]*(?:\.\d+)?", "", cells[0]).strip()
+    return f"{min(numbers):g}-{max(numbers):g}" + (f" {unit}" if unit else "")
 
 
 def render(readme: Path, path: Path) -> None:
@@ -136,7 +186,12 @@ def render(readme: Path, path: Path) -> None:
         ax.barh(ys, values, color="#4C72B0", height=0.65)
         top = max(values + ([spec.target] if spec.target else [])) * 1.5
         for y, r in zip(ys, rows):
-            ax.text(r.value + top * 0.01, y, f"{r.value:g}{spec.unit}   ({' vs '.join(r.sides)})",
+            spread = ""
+            if r.runs > 1:  # the runs' range around their mean
+                ax.errorbar(r.value, y, xerr=[[r.value - r.low], [r.high - r.value]], fmt="none", ecolor="black",
+                            capsize=3, linewidth=1)
+                spread = f" (range {r.low:g}-{r.high:g})"
+            ax.text((r.high or r.value) + top * 0.01, y, f"{r.value:g}{spec.unit}{spread}   ({' vs '.join(r.sides)})",
                     va="center", fontsize=8, bbox={"facecolor": "white", "edgecolor": "none", "pad": 0.3})
         if spec.target:
             ax.axvline(spec.target, color="#C44E52", linestyle="--", linewidth=1)
@@ -150,7 +205,8 @@ def render(readme: Path, path: Path) -> None:
         ax.set_title(spec.title, fontsize=9, loc="left")
         ax.tick_params(axis="x", labelsize=8)
         ax.spines[["top", "right"]].set_visible(False)
-    fig.suptitle("Benchmarks (bench/README.md): each row a ratio, both sides measured in one run", fontsize=11,
+    fig.suptitle("Benchmarks (bench/README.md): each bar a ratio, both sides measured in one run (several: their "
+                 "mean and range)", fontsize=11,
                  fontweight="bold", x=0.01, ha="left")
     fig.tight_layout(rect=(0, 0, 1, 1 - 0.35 / fig.get_figheight()))  # room for the suptitle above the panels
     buf = io.BytesIO()

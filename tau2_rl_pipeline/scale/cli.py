@@ -9,17 +9,22 @@ run needs no GPU stack).
       (with --force 1, a warning and status 0). Host memory per node is checked against --host-mem-gb
       (HOST_MEM_GB, GiB); without it, against --meminfo's MemTotal (a real run passes /proc/meminfo: the head's
       memory, taken for every node's) as a warning only.
-Either prints one line and exits 1 on bad input.
+  python -m tau2_rl_pipeline.scale.cli settings --prog train_grpo.sh
+      reads the environment's TAU2_* variables as Tau2Config (every Ray worker) will: a warning naming the closest
+      known variable for each unknown one, and one `error:` line naming a bad value's variable (exit status 1)
+Each prints one line and exits 1 on bad input.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from collections.abc import Mapping
 from dataclasses import fields
 from pathlib import Path
 
-from tau2_rl_pipeline.config import Tau2Config
+from tau2_rl_pipeline.config import ConfigError, Tau2Config, unknown_variable_warnings
 from tau2_rl_pipeline.scale.presets import defaults, recipe_notes
 from tau2_rl_pipeline.scale.sizing import (
     GIB,
@@ -46,6 +51,7 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--model", default="")
     d.add_argument("--recipe", default="")
     d.add_argument("--world", type=int, required=True)
+    sub.add_parser("settings").add_argument("--prog", default="settings")
     c = sub.add_parser("check")
     c.add_argument("--prog", default="sizing")
     c.add_argument("--name", required=True)
@@ -106,6 +112,21 @@ def mem_total(meminfo: Path) -> int:
     return 0
 
 
+def settings(prog: str, environ: Mapping[str, str]) -> int:
+    """The stage script's TAU2_* variables, named as the user set them: each unknown one warned about (it would
+    reach Ray's environment and be ignored there), then the rest read as Tau2Config reads them."""
+    unknown = set()
+    for line in unknown_variable_warnings(environ):
+        unknown.add(line.split()[1])
+        print(f"{prog}: {line}", file=sys.stderr)
+    try:
+        Tau2Config.from_env({k: v for k, v in environ.items() if k not in unknown})
+    except ConfigError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     a = _parser().parse_args(argv)
     if a.command == "defaults":
@@ -115,6 +136,8 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"error: {exc}") from None
         print("\n".join([*(f"{k}={v}" for k, v in values.items()), *(f"# {n}" for n in recipe_notes(a.recipe))]))
         return 0
+    if a.command == "settings":
+        return settings(a.prog, os.environ)
     return check(a)
 
 
