@@ -17,9 +17,9 @@ from tau2_rl_pipeline.benchmark.actions import format_tool_call
 from tau2_rl_pipeline.benchmark.oracle_play import (
     EVALUATOR_DISAGREED,
     USER_ACTION_NOT_PERFORMED,
-    USER_STOPPED_EARLY,
     USER_TRANSFERRED_OR_ENDED,
 )
+from tau2_rl_pipeline.benchmark.user_monitors import USER_STOPPED_AT_ONCE
 
 MOCK_FAULT = "update_task_with_history_and_env_assertions"  # tau2 26.3's mock: even the gold replay scores 0
 TELECOM_TASK = "[service_issue]airplane_mode_on|overdue_bill_suspension[PERSONA:None]"  # 3 device steps
@@ -100,7 +100,7 @@ def test_a_well_behaved_llm_user_qualifies_over_either_client(client: str, loopb
 
 
 @pytest.mark.parametrize("mode,domain,task_id,split,cause", [
-    ("stops", "mock", "create_task_1", "base", USER_STOPPED_EARLY),
+    ("stops", "mock", "create_task_1", "base", USER_STOPPED_AT_ONCE),
     ("transfers", "mock", "create_task_1", "base", USER_TRANSFERRED_OR_ENDED),
     ("no_device", "telecom", TELECOM_TASK, "test", USER_ACTION_NOT_PERFORMED),
     ("extra", "telecom", TELECOM_TASK, "test", EVALUATOR_DISAGREED)])
