@@ -92,7 +92,8 @@ def leakage(user_texts: Sequence[str], hidden: Sequence[str]) -> float:
 
 
 def identifiers(text: str) -> list[str]:
-    return [t.strip(".-") for t in _ID.findall(text or "")
+    tokens = [t.strip(".-") for t in _ID.findall(text or "")]
+    return [t for t in tokens
             if (re.search(r"[A-Za-z]", t) or sum(c.isdigit() for c in t) >= 4) and not _NOT_ID.match(t.lower())]
 
 
