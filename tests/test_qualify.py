@@ -19,15 +19,7 @@ from tau2_rl_pipeline.benchmark.oracle_play import (
     USER_ACTION_NOT_PERFORMED,
     USER_TRANSFERRED_OR_ENDED,
 )
-from tau2_rl_pipeline.benchmark.user_monitors import (
-    USER_ECHOED,
-    USER_EMPTY,
-    USER_LEAKED,
-    USER_NEVER_ENDED,
-    USER_OTHER_LANGUAGE,
-    USER_STOPPED_AT_ONCE,
-    USER_WRONG_FACTS,
-)
+from tau2_rl_pipeline.benchmark import user_monitors as um
 from tau2_rl_pipeline.config import Tau2Config
 from tau2_rl_pipeline.eval.qualify_canned import qualify_user
 
@@ -110,7 +102,7 @@ def test_a_well_behaved_llm_user_qualifies_over_either_client(client: str, loopb
 
 
 @pytest.mark.parametrize("mode,domain,task_id,split,cause", [
-    ("stops", "mock", "create_task_1", "base", USER_STOPPED_AT_ONCE),
+    ("stops", "mock", "create_task_1", "base", um.USER_STOPPED_AT_ONCE),
     ("transfers", "mock", "create_task_1", "base", USER_TRANSFERRED_OR_ENDED),
     ("no_device", "telecom", TELECOM_TASK, "test", USER_ACTION_NOT_PERFORMED),
     ("extra", "telecom", TELECOM_TASK, "test", EVALUATOR_DISAGREED)])
@@ -167,9 +159,9 @@ def test_the_grpo_gate_and_one_line_errors(tmp_path: Path, capsys, monkeypatch) 
         assert code in (1, 2) and err.startswith("error: ") and "\n" not in err and words in err, err
 
 
-CAUGHT = {"empty": USER_EMPTY, "half-empty": USER_EMPTY, "echo": USER_ECHOED, "never-ends": USER_NEVER_ENDED,
-          "stops-at-once": USER_STOPPED_AT_ONCE, "reveals": USER_LEAKED, "wrong-facts": USER_WRONG_FACTS,
-          "spanish": USER_OTHER_LANGUAGE}
+CAUGHT = {"empty": um.USER_EMPTY, "half-empty": um.USER_EMPTY, "echo": um.USER_ECHOED,
+          "never-ends": um.USER_NEVER_ENDED, "stops-at-once": um.USER_STOPPED_AT_ONCE, "reveals": um.USER_LEAKED,
+          "wrong-facts": um.USER_WRONG_FACTS, "spanish": um.USER_OTHER_LANGUAGE}
 
 
 @pytest.mark.parametrize("domain,task_ids", [("mock", None), ("airline", ["8", "13"])])

@@ -120,3 +120,11 @@ def test_the_facts_a_probe_asks_for_are_the_gold_values_the_scenario_states() ->
     assert probe_question(scenario.facts[7]) == "For book reservation, what is the passenger 2 first name?"
     assert any("Kevin Smith" in h for h in scenario.hidden) and "Sophia Silva" in scenario.known
     assert states("My user ID is Sophia_Silva_7557.", "sophia_silva_7557") and not states("sophia_silva_75570", "sophia_silva_7557")
+
+
+def test_one_question_asks_for_one_value() -> None:
+    """retail 39 looks the user up by two zips, the new one first: two questions, each with its own value."""
+    task = next(t for t in load_tasks("retail", "test") if t.id == "39")
+    zips = [(f.label, f.value) for f in split_scenario(task).facts if f.label.endswith("zip")]
+    assert zips == [("zip", "85033"), ("other zip", "32169")]
+    assert len({probe_question(f) for f in split_scenario(task).facts}) == len(split_scenario(task).facts)

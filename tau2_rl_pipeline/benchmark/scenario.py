@@ -85,13 +85,18 @@ def scenario_facts(task: Task, text: str) -> tuple[Fact, ...]:
     order."""
     actions = task.evaluation_criteria.actions or [] if task.evaluation_criteria else []
     facts: dict[str, Fact] = {}
+    asked: dict[tuple[str, str], int] = {}
     for action in actions:
         if action.requestor != "assistant":
             continue
         for path, value in _leaves(action.arguments or {}):
             key = words(value)
             if len(key) >= MIN_FACT_CHARS and key not in facts and states(text, value):
-                facts[key] = Fact(action.name, _label(path), value)
+                label = _label(path)
+                n = asked[(action.name, label)] = asked.get((action.name, label), 0) + 1
+                if n > 1:  # one question, one value: retail 39 looks a user up by two zips, the new one first
+                    label = f"other {label}" if n == 2 else f"{label} number {n}"
+                facts[key] = Fact(action.name, label, value)
     return tuple(facts.values())
 
 

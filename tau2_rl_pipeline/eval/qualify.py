@@ -4,15 +4,18 @@
     TAU2_USER_MODEL=openai/Qwen/Qwen3-8B TAU2_USER_API_BASE=http://127.0.0.1:30001/v1 \
         tau2-rl-qualify-user --user llm --domains telecom --num-samples 4 --output outputs/qualify/qwen3-8b.json
 
-The oracle agent (benchmark/oracle_play.py: tau2's gold actions in order, device steps asked for, the closing
-message) plays every task x --num-samples against the user simulator the evaluator and the GRPO rollout would use
-(--user scripted, or llm: tau2's user over litellm or the asynchronous client, an SGLang user server included, as
-TAU2_USER_* say). The agent is perfect, so every failure is the simulator's or the task's: per domain, the failure
-rate with a 95% bootstrap CI over tasks, broken down by cause, and apart from it the task faults: tasks that fail
-under every simulator, the user-free gold replay included (and every --against run). Writes the evaluator's files
-(<output>, <output>.episodes.jsonl, <stem>.<domain>.tau2.json) and prints a one-screen verdict: QUALIFIED when the
-failure rate over all tasks but the task faults is at most --max-failure-rate. scripts/train_grpo.sh can require it
-(GRPO_USER_QUALIFICATION, GRPO_MAX_USER_FAILURE_RATE: `--check`).
+The oracle agent (benchmark/oracle_play.py: it asks for the facts the gold actions need that the scenario states and
+checks each answer, then plays tau2's gold actions in order, device steps asked for, the closing message) plays every
+task x --num-samples against the user simulator the evaluator and the GRPO rollout would use (--user scripted, or
+llm: tau2's user over litellm or the asynchronous client, an SGLang user server included, as TAU2_USER_* say). The
+agent is perfect, so every failure is the simulator's or the task's, and the user-side monitors
+(benchmark/user_monitors.py) flag a misbehaving user even in an episode that scored 1.0: per domain, the rate of bad
+(failed or flagged) episodes with a 95% bootstrap CI over tasks, broken down by cause, and apart from it the task
+faults: tasks that fail under every simulator, the user-free gold replay included (and every --against run).
+Writes the evaluator's files (<output>, <output>.episodes.jsonl, <stem>.<domain>.tau2.json) and prints a one-screen
+verdict: QUALIFIED when that rate over all tasks but the task faults is at most --max-failure-rate.
+scripts/train_grpo.sh can require it (GRPO_USER_QUALIFICATION, GRPO_MAX_USER_FAILURE_RATE: `--check`, which
+eval/qualify_gate.py runs against the whole user configuration, tau2 version, domains and splits of the run).
 Exit codes: 0 qualified, 1 not qualified, 2 bad setup (nothing written).
 """
 
