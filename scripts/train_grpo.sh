@@ -135,6 +135,8 @@ if [[ -n "${GRPO_MAX_USER_FAILURE_RATE}" ]]; then
     note "$(tail -n 1 <<<"${gate}")"  # its verdict line (a library's warning may come first)
   else
     gate="$(tail -n 1 <<<"${gate}")"
+    [[ "${gate}" != *"No module named"* ]] ||
+      gate="${PACKAGE_PYTHON} cannot run this package (${gate}): set PYTHON or TAU2_VENV to its environment (scripts/setup.sh)"
     if is_dry; then note "dry run: a real run would stop here: ${gate#error: }"; else die "${gate#error: }"; fi
   fi
 fi

@@ -364,6 +364,15 @@ def test_the_grpo_gate_runs_on_the_package_interpreter_outside_the_container(tmp
                                                           "TAU2_OUT_DIR": str(tmp_path / "out"), "SLIME_DIR": SLIME,
                                                           "MEGATRON_DIR": MEGATRON, **env})
     assert proc.returncode == 0 and "user simulator 'openai/q' qualified" in proc.stderr, proc.stderr
+    empty = tmp_path / "empty-venv"  # a real interpreter without the package: the dry run names it and goes on
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(empty)], check=True, timeout=120)
+    proc = subprocess.run(["bash", str(SCRIPTS / "train_grpo.sh")], capture_output=True, text=True, timeout=120,
+                          cwd=tmp_path, check=False, env={"HOME": str(tmp_path), "LANG": "C.UTF-8", "DRY_RUN": "1",
+                                                          "TAU2_OUT_DIR": str(tmp_path / "out"), "SLIME_DIR": SLIME,
+                                                          "MEGATRON_DIR": MEGATRON, **env, "TAU2_VENV": str(empty)})
+    stop = [line for line in proc.stderr.splitlines() if "a real run would stop here" in line]
+    assert proc.returncode == 0 and len(stop) == 1, proc.stderr
+    assert f"{empty}/bin/python cannot run this package" in stop[0] and "set PYTHON or TAU2_VENV" in stop[0]
 
 
 def test_grpo_starts_from_the_rft_checkpoint_at_rollout_zero_without_its_optimizer(dry_dir: Path) -> None:
