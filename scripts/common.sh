@@ -154,7 +154,19 @@ TAU2_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 SCRIPTS_DIR="${TAU2_ROOT}/scripts"
 export SLIME_DIR="${SLIME_DIR:-/root/slime}"            # slime's root: train.py, train_async.py, tools/
 export MEGATRON_DIR="${MEGATRON_DIR:-/root/Megatron-LM}"
+_PYTHON_GIVEN="${PYTHON:-}"
 export PYTHON="${PYTHON:-python3}"
+# The interpreter of this package's own commands (the GRPO gate): PYTHON when set, else the venv scripts/setup.sh
+# makes (TAU2_VENV, default .venv) when it exists, else python3. PYTHON itself stays the container's (slime's).
+_package_venv="${TAU2_VENV:-${TAU2_ROOT}/.venv}"
+if [[ -n "${_PYTHON_GIVEN}" ]]; then
+  PACKAGE_PYTHON="${_PYTHON_GIVEN}"
+elif [[ -x "${_package_venv}/bin/python" ]]; then
+  PACKAGE_PYTHON="${_package_venv}/bin/python"
+else
+  PACKAGE_PYTHON=python3
+fi
+export PACKAGE_PYTHON
 export TAU2_OUT_DIR="${TAU2_OUT_DIR:-${TAU2_ROOT}/outputs}"
 export MODEL_DIR="${MODEL_DIR:-${TAU2_OUT_DIR}/models}"
 # Not TAU2_DATA_DIR: tau2-bench reads that variable to find its own domain data.

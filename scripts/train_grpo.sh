@@ -118,6 +118,27 @@ ACTOR_GPUS=$((ACTOR_NUM_NODES * ACTOR_GPUS_PER_NODE))
 DP=$((ACTOR_GPUS / (TRAIN_TP * TRAIN_PP * TRAIN_CP)))
 ((GRPO_GLOBAL_BATCH_SIZE % DP == 0)) ||
   die "GRPO_GLOBAL_BATCH_SIZE=${GRPO_GLOBAL_BATCH_SIZE} is not a multiple of the data-parallel size ${DP}"
+# The user simulator is part of the reward: with GRPO_MAX_USER_FAILURE_RATE set, training starts only when
+# GRPO_USER_QUALIFICATION (tau2-rl-qualify-user --user llm --task-split train --output ...) qualified this very user
+# (TAU2_USER_MODEL, _API_BASE, _TEMPERATURE, _STRATEGY), with this tau2, on the domains and splits of
+# GRPO_PROMPT_DATA (DOMAINS x train until it exists), failing the oracle agent at most that often (task faults apart;
+# docs/evaluation.md). A dry run prints the line a real run would stop on and goes on. It runs on the package's own
+# interpreter (PACKAGE_PYTHON, common.sh) with this checkout first on the path.
+GRPO_MAX_USER_FAILURE_RATE="${GRPO_MAX_USER_FAILURE_RATE:-}"
+GRPO_USER_QUALIFICATION="$(abs_path "${GRPO_USER_QUALIFICATION:-${TAU2_OUT_DIR}/qualify/user.json}")"
+if [[ -n "${GRPO_MAX_USER_FAILURE_RATE}" ]]; then
+  require_number GRPO_MAX_USER_FAILURE_RATE "${GRPO_MAX_USER_FAILURE_RATE}"
+  if gate="$(PYTHONPATH="${TAU2_ROOT}${PYTHONPATH:+:${PYTHONPATH}}" "${PACKAGE_PYTHON}" -m tau2_rl_pipeline.eval.qualify \
+    --check "${GRPO_USER_QUALIFICATION}" --max-failure-rate "${GRPO_MAX_USER_FAILURE_RATE}" \
+    --run-tasks "${GRPO_PROMPT_DATA}" --domains "${DOMAINS}" --task-split train 2>&1)"; then
+    note "$(tail -n 1 <<<"${gate}")"  # its verdict line (a library's warning may come first)
+  else
+    gate="$(tail -n 1 <<<"${gate}")"
+    [[ "${gate}" != *"No module named"* ]] ||
+      gate="${PACKAGE_PYTHON} cannot run this package (${gate}): set PYTHON or TAU2_VENV to its environment (scripts/setup.sh)"
+    if is_dry; then note "dry run: a real run would stop here: ${gate#error: }"; else die "${gate#error: }"; fi
+  fi
+fi
 if [[ "${GRPO_PROMPT_DATA}" == "${GRPO_TASKS}" ]]; then  # what scripts/pipeline.sh passes
   require_file "${GRPO_PROMPT_DATA}" "GRPO task index (the difficulty stage's train tasks filtered by RFT-sampling pass rate: python -m tau2_rl_pipeline.selection.difficulty)"
 else
@@ -133,17 +154,6 @@ require_user_sim ray
 size_stage grpo --nodes "${ACTOR_NUM_NODES}" --gpus-per-node "${ACTOR_GPUS_PER_NODE}" \
   --rollout-gpus "${ROLLOUT_NUM_GPUS}" --colocated "$((1 - GRPO_ASYNC))" --max-tokens-per-gpu "${GRPO_MAX_TOKENS_PER_GPU}" \
   --mem-fraction "${GRPO_SGLANG_MEM_FRACTION}" --rollout-batch "${GRPO_ROLLOUT_BATCH_SIZE}" --samples "${GRPO_N_SAMPLES}"
-# The user simulator is part of the reward: with GRPO_MAX_USER_FAILURE_RATE set, training starts only when
-# GRPO_USER_QUALIFICATION (tau2-rl-qualify-user --user llm --output ... of this TAU2_USER_MODEL) shows the simulator
-# failing the oracle agent at most that often (task faults apart; docs/evaluation.md).
-GRPO_MAX_USER_FAILURE_RATE="${GRPO_MAX_USER_FAILURE_RATE:-}"
-GRPO_USER_QUALIFICATION="${GRPO_USER_QUALIFICATION:-${TAU2_OUT_DIR}/qualify/user.json}"
-if [[ -n "${GRPO_MAX_USER_FAILURE_RATE}" ]]; then
-  require_number GRPO_MAX_USER_FAILURE_RATE "${GRPO_MAX_USER_FAILURE_RATE}"
-  gate="$("${PYTHON}" -m tau2_rl_pipeline.eval.qualify --check "${GRPO_USER_QUALIFICATION}" \
-    --max-failure-rate "${GRPO_MAX_USER_FAILURE_RATE}" 2>&1)" || { gate="$(tail -n 1 <<<"${gate}")"; die "${gate#error: }"; }
-  note "$(tail -n 1 <<<"${gate}")"  # its verdict line (a library's warning may come first)
-fi
 if [[ "${GRPO_ASYNC}" == 1 ]]; then
   note "layout ${TAU2_GPU_LAYOUT}, asynchronous: policy on GPUs ${POLICY_GPUS} of ${NUM_NODES} node(s): ${ACTOR_GPUS} training (TP${TRAIN_TP} x DP${DP}), ${GRPO_ASYNC_ROLLOUT_GPUS} rollout; user simulator on ${USER_SIM_GPUS}"
 else

@@ -121,6 +121,11 @@ def test_mock_run_writes_every_output(mock_run: dict) -> None:
         calls = [c for m in r["messages"][history[r["task_id"]]:] if m["role"] == "assistant"
                  for c in m.get("tool_calls") or [] if c["name"] != "invalid_tool_call"]
         assert r["monitors"]["tool_calls"] == len(calls)
+        said = [m for m in r["messages"] if m["role"] == "user" and not m.get("tool_calls")]
+        assert r["user_monitors"]["user_turns"] == len(said) >= 1  # the user simulator's side, per record
+    users = summary["user_behaviour"]["mock"]  # and its rates per domain
+    assert users["episodes"] == len(scored)
+    assert users["user_turns_mean"] == pytest.approx(sum(r["user_monitors"]["user_turns"] for r in scored) / len(scored))
     behaviour = summary["behaviour"]["mock"]
     assert behaviour["episodes"] == len(scored)
     assert behaviour["tool_calls_mean"] == pytest.approx(sum(r["monitors"]["tool_calls"] for r in scored) / len(scored))

@@ -17,9 +17,11 @@ from tau2_rl_pipeline.benchmark.actions import format_tool_call
 from tau2_rl_pipeline.benchmark.oracle_play import (
     EVALUATOR_DISAGREED,
     USER_ACTION_NOT_PERFORMED,
-    USER_STOPPED_EARLY,
     USER_TRANSFERRED_OR_ENDED,
 )
+from tau2_rl_pipeline.benchmark import user_monitors as um
+from tau2_rl_pipeline.config import Tau2Config
+from tau2_rl_pipeline.eval.qualify_canned import qualify_user
 
 MOCK_FAULT = "update_task_with_history_and_env_assertions"  # tau2 26.3's mock: even the gold replay scores 0
 TELECOM_TASK = "[service_issue]airplane_mode_on|overdue_bill_suspension[PERSONA:None]"  # 3 device steps
@@ -100,7 +102,7 @@ def test_a_well_behaved_llm_user_qualifies_over_either_client(client: str, loopb
 
 
 @pytest.mark.parametrize("mode,domain,task_id,split,cause", [
-    ("stops", "mock", "create_task_1", "base", USER_STOPPED_EARLY),
+    ("stops", "mock", "create_task_1", "base", um.USER_STOPPED_AT_ONCE),
     ("transfers", "mock", "create_task_1", "base", USER_TRANSFERRED_OR_ENDED),
     ("no_device", "telecom", TELECOM_TASK, "test", USER_ACTION_NOT_PERFORMED),
     ("extra", "telecom", TELECOM_TASK, "test", EVALUATOR_DISAGREED)])
@@ -131,16 +133,24 @@ def test_the_grpo_gate_and_one_line_errors(tmp_path: Path, capsys, monkeypatch) 
     code, _ = run(tmp_path, "--user", "scripted", "--domains", "mock", "--task-split", "base")
     assert code == 0
     llm = json.loads((tmp_path / "q.json").read_text())  # as a run of tau2's LLM user would have written it
-    llm["settings"].update(user="llm", user_model="openai/qwen")
+    llm["settings"].update(user="llm", user_model="openai/qwen", user_api_base="", user_temperature=0.0,
+                           user_strategy="llm")
     (tmp_path / "llm.json").write_text(json.dumps(llm))
     monkeypatch.setenv("TAU2_USER_MODEL", "openai/qwen")
-    assert main(["--check", str(tmp_path / "llm.json"), "--max-failure-rate", "0"]) == 0
+    mock = ["--domains", "mock", "--task-split", "base"]
+    assert main(["--check", str(tmp_path / "llm.json"), "--max-failure-rate", "0", *mock]) == 0
     assert "user simulator 'openai/qwen' qualified: failure 0.000 <= 0.0" in capsys.readouterr().out
     llm["qualification"]["overall"].update(value=0.2, failed=2, n_episodes=10)
     (tmp_path / "bad.json").write_text(json.dumps(llm))
-    for argv, words in ((["--check", str(tmp_path / "bad.json"), "--max-failure-rate", "0.1"], "above the allowed 0.1"),
+    for argv, words in ((["--check", str(tmp_path / "bad.json"), "--max-failure-rate", "0.1", *mock],
+                         "above the allowed 0.1"),
                         (["--check", str(tmp_path / "q.json")], "qualified the scripted user"),
-                        (["--check", str(tmp_path / "llm.json"), "--user-model", "gpt-4.1"], "qualify that one"),
+                        (["--check", str(tmp_path / "llm.json"), "--user-model", "gpt-4.1"],
+                         "this run has TAU2_USER_MODEL='gpt-4.1'"),
+                        (["--check", str(tmp_path / "llm.json"), "--user-strategy", "verify"],
+                         "this run has TAU2_USER_STRATEGY='verify'"),
+                        (["--check", str(tmp_path / "llm.json"), "--domains", "mock,airline", "--task-split", "base"],
+                         "this run trains on airline (base split)"),
                         (["--check", str(tmp_path / "none.json")], "not a user-simulator qualification"),
                         (["--domains", "nope", "--user", "scripted"], "nope"),
                         (["--max-failure-rate", "2"], "--max-failure-rate must be in [0, 1]")):
@@ -198,3 +208,24 @@ def test_an_output_path_that_cannot_be_written_is_one_line_before_the_run(where:
     assert line.startswith(f"error: --output {output}: ") and {
         "under_a_file": f"{tmp_path / 'file'} is a file, not a folder", "unwritable": "cannot write in /sys",
         "a_folder": "is a folder"}[where] in line
+
+
+CAUGHT = {"empty": um.USER_EMPTY, "half-empty": um.USER_EMPTY, "echo": um.USER_ECHOED,
+          "never-ends": um.USER_NEVER_ENDED, "stops-at-once": um.USER_STOPPED_AT_ONCE, "reveals": um.USER_LEAKED,
+          "wrong-facts": um.USER_WRONG_FACTS, "spanish": um.USER_OTHER_LANGUAGE}
+
+
+@pytest.mark.parametrize("domain,task_ids", [("mock", None), ("airline", ["8", "13"])])
+def test_the_probing_oracle_catches_each_misbehaving_canned_user_with_its_cause(domain, task_ids) -> None:
+    """Real tau2 environments and evaluator: the scripted and the well-behaved canned user qualify with no cause;
+    each misbehaving one is refused, its own cause the first named (docs/evaluation.md's table, over all tasks)."""
+    cfg = Tau2Config.from_env()
+    for name in ("scripted", "canned"):
+        result = qualify_user(name, domain, task_ids, 0.0, cfg)
+        assert result["qualified"] and result["overall"]["failed"] == 0 and not result["all_causes"], (name, result)
+    for name, cause in CAUGHT.items():
+        result = qualify_user(name, domain, task_ids, 0.0, cfg)
+        causes = result["domains"][domain]["causes"]
+        assert not result["qualified"] and max(causes, key=lambda c: causes[c]["episodes"]) == cause, (name, causes)
+    if domain == "airline":  # airline 13 is a transfer: a user that hangs up at once still scores 1.0 there
+        assert qualify_user("stops-at-once", domain, ["13"], 0.0, cfg)["flagged_successes"] == 1

@@ -281,30 +281,98 @@ def test_grpo_plug_ins_name_functions_of_this_package(dry_dir: Path) -> None:
         assert name in defined, f"{path}: {module} defines no {name}"
 
 
-def test_grpo_requires_a_qualified_user_simulator_when_asked(tmp_path: Path) -> None:
-    """GRPO_MAX_USER_FAILURE_RATE: training starts only on a qualification of this TAU2_USER_MODEL within the bound
-    (tau2_rl_pipeline/eval/qualify.py --check); without it, no check."""
+def grpo_qualification(tmp_path: Path, value: float = 0.0, **settings) -> Path:
+    """A qualification summary of the user the GRPO script's defaults configure (common.sh), on the train split of
+    its DOMAINS, with `settings` changed."""
+    from tau2_rl_pipeline.benchmark.tau2_version import VERSION
     from tau2_rl_pipeline.eval.qualify import FORMAT
 
-    def qualification(value: float) -> Path:
-        path = tmp_path / f"q{value}.json"
-        path.write_text(json.dumps({"format": FORMAT, "settings": {"user": "llm", "user_model": "openai/q"},
-                                    "qualification": {"overall": {"value": value, "failed": int(value * 10),
-                                                                  "n_episodes": 10}}}))
-        return path
+    base = {"user": "llm", "user_model": "openai/q", "user_api_base": "http://127.0.0.1:30001/v1",
+            "user_temperature": 0.7, "user_strategy": "llm", "user_strategy_max_checks": None,
+            "benchmark": {"tau2_version": VERSION}, "domains": ["airline", "retail", "telecom"],
+            "task_split": "train"}
+    merged = {k: v for k, v in {**base, **settings}.items() if v != "DROP"}  # "DROP": an older summary's settings
+    path = tmp_path / f"q{len(list(tmp_path.glob('q*.json')))}.json"
+    path.write_text(json.dumps({"format": FORMAT, "settings": merged,
+                                "qualification": {"overall": {"value": value, "failed": int(value * 10),
+                                                              "n_episodes": 10}}}))
+    return path
 
-    ok = run_script("train_grpo.sh", tmp_path, TAU2_USER_MODEL="openai/q", GRPO_MAX_USER_FAILURE_RATE="0.05",
-                    GRPO_USER_QUALIFICATION=str(qualification(0.0)))
+
+def test_grpo_requires_a_qualified_user_simulator_when_asked(tmp_path: Path) -> None:
+    """GRPO_MAX_USER_FAILURE_RATE: training starts only on a qualification of this very user within the bound
+    (tau2_rl_pipeline/eval/qualify_gate.py); a real run stops on its one line, before anything starts; without it,
+    no check."""
+    gate = {"TAU2_USER_MODEL": "openai/q", "GRPO_MAX_USER_FAILURE_RATE": "0.05"}
+    ok = run_script("train_grpo.sh", tmp_path, **gate, GRPO_USER_QUALIFICATION=str(grpo_qualification(tmp_path)))
     assert ok.rc == 0 and "user simulator 'openai/q' qualified: failure 0.000 <= 0.05" in ok.stderr, ok.text
-    bad = run_script("train_grpo.sh", tmp_path, TAU2_USER_MODEL="openai/q", GRPO_MAX_USER_FAILURE_RATE="0.05",
-                     GRPO_USER_QUALIFICATION=str(qualification(0.3)))
+    bad = run_script("train_grpo.sh", tmp_path, dry=False, **gate,
+                     GRPO_USER_QUALIFICATION=str(grpo_qualification(tmp_path, 0.3)))
     errors = [line for line in bad.stderr.splitlines() if "error" in line]
     assert bad.rc != 0 and len(errors) == 1, bad.stderr
     assert errors[0].startswith("train_grpo.sh: error: user simulator 'openai/q' fails the oracle agent in 3/10")
     assert "ray" not in bad.stdout  # refused before anything started
-    missing = run_script("train_grpo.sh", tmp_path, GRPO_MAX_USER_FAILURE_RATE="0.05")
+    missing = run_script("train_grpo.sh", tmp_path, dry=False, **gate)
     assert missing.rc != 0 and "run tau2-rl-qualify-user first" in missing.stderr
     assert run_script("train_grpo.sh", tmp_path).rc == 0  # not asked: not checked
+
+
+@pytest.mark.parametrize("change,env,words", [
+    ({"domains": ["mock"], "task_split": "base"}, {}, "but this run trains on airline (train split), retail (train"),
+    ({"task_split": "test"}, {}, "on the 'test' split, but this run trains on airline (train split)"),
+    ({}, {"TAU2_USER_STRATEGY": "react"}, "qualified user_strategy 'llm', but this run has TAU2_USER_STRATEGY='react'"),
+    ({}, {"TAU2_USER_TEMPERATURE": "0"}, "has TAU2_USER_TEMPERATURE=0.0"),
+    ({"user_api_base": "http://10.0.0.1:30001/v1"}, {}, "has TAU2_USER_API_BASE='http://127.0.0.1:30001/v1'"),
+    ({"benchmark": {"tau2_version": "0.9"}}, {}, "qualified on tau2_version '0.9'"),
+    ({"user_temperature": "DROP", "user_strategy": "DROP"}, {}, "records no user_temperature (TAU2_USER_TEMPERATURE)")])
+def test_the_grpo_gate_refuses_a_qualification_that_does_not_cover_the_run(change, env, words, tmp_path: Path) -> None:
+    """Each field of the user configuration, the tau2 version and the domains and splits GRPO trains on: a real
+    run stops on one line naming the field; the dry run prints that line and exits 0."""
+    settings = {"TAU2_USER_MODEL": "openai/q", "GRPO_MAX_USER_FAILURE_RATE": "0.05",
+                "GRPO_USER_QUALIFICATION": str(grpo_qualification(tmp_path, **change)), **env}
+    real = run_script("train_grpo.sh", tmp_path, dry=False, **settings)
+    errors = [line for line in real.stderr.splitlines() if "error" in line]
+    assert real.rc != 0 and len(errors) == 1 and words in errors[0], real.stderr
+    dry = run_script("train_grpo.sh", tmp_path, **settings)
+    assert dry.rc == 0, dry.text
+    stop = [line for line in dry.stderr.splitlines() if "a real run would stop here" in line]
+    assert len(stop) == 1 and words in stop[0] and any("ray" in c for c in dry.commands), dry.stderr
+
+
+def test_the_grpo_gate_reads_the_domains_and_splits_of_the_task_index(tmp_path: Path) -> None:
+    """The run's scope is GRPO_PROMPT_DATA's rows once it exists: a qualification of airline's train split covers
+    an airline-only index, whatever DOMAINS says."""
+    index = tmp_path / "tasks.jsonl"
+    index.write_text(json.dumps({"input": "x", "metadata": {"domain": "airline", "split": "train"}}) + "\n")
+    q = grpo_qualification(tmp_path, domains=["airline"])
+    ok = run_script("train_grpo.sh", tmp_path, TAU2_USER_MODEL="openai/q", GRPO_MAX_USER_FAILURE_RATE="0.05",
+                    GRPO_USER_QUALIFICATION=str(q), GRPO_PROMPT_DATA=str(index))
+    assert "qualified: failure 0.000" in ok.stderr and "would stop" not in ok.stderr, ok.text
+    no_index = run_script("train_grpo.sh", tmp_path, TAU2_USER_MODEL="openai/q", GRPO_MAX_USER_FAILURE_RATE="0.05",
+                          GRPO_USER_QUALIFICATION=str(q))
+    assert "trains on retail (train split), telecom (train split)" in no_index.stderr, no_index.text
+
+
+def test_the_grpo_gate_runs_on_the_package_interpreter_outside_the_container(tmp_path: Path) -> None:
+    """With PYTHON unset and no venv on PATH (python3 without tau2), the gate finds the project's venv
+    (TAU2_VENV) and runs this checkout's package there."""
+    bare_path = os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep) if not p.startswith(sys.prefix))
+    env = {"PATH": bare_path, "TAU2_USER_MODEL": "openai/q", "GRPO_MAX_USER_FAILURE_RATE": "0.05",
+           "GRPO_USER_QUALIFICATION": str(grpo_qualification(tmp_path)), "TAU2_VENV": sys.prefix}
+    proc = subprocess.run(["bash", str(SCRIPTS / "train_grpo.sh")], capture_output=True, text=True, timeout=120,
+                          cwd=tmp_path, check=False, env={"HOME": str(tmp_path), "LANG": "C.UTF-8", "DRY_RUN": "1",
+                                                          "TAU2_OUT_DIR": str(tmp_path / "out"), "SLIME_DIR": SLIME,
+                                                          "MEGATRON_DIR": MEGATRON, **env})
+    assert proc.returncode == 0 and "user simulator 'openai/q' qualified" in proc.stderr, proc.stderr
+    empty = tmp_path / "empty-venv"  # a real interpreter without the package: the dry run names it and goes on
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(empty)], check=True, timeout=120)
+    proc = subprocess.run(["bash", str(SCRIPTS / "train_grpo.sh")], capture_output=True, text=True, timeout=120,
+                          cwd=tmp_path, check=False, env={"HOME": str(tmp_path), "LANG": "C.UTF-8", "DRY_RUN": "1",
+                                                          "TAU2_OUT_DIR": str(tmp_path / "out"), "SLIME_DIR": SLIME,
+                                                          "MEGATRON_DIR": MEGATRON, **env, "TAU2_VENV": str(empty)})
+    stop = [line for line in proc.stderr.splitlines() if "a real run would stop here" in line]
+    assert proc.returncode == 0 and len(stop) == 1, proc.stderr
+    assert f"{empty}/bin/python cannot run this package" in stop[0] and "set PYTHON or TAU2_VENV" in stop[0]
 
 
 def test_grpo_starts_from_the_rft_checkpoint_at_rollout_zero_without_its_optimizer(dry_dir: Path) -> None:

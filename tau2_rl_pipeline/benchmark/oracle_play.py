@@ -1,14 +1,21 @@
-"""The oracle agent in a live conversation: tau2's gold actions, in order, then the closing message, played
-against a user simulator. Since this agent is perfect, every failure is the user simulator's or the task's, and
-`failure_cause` says which: the qualification of a user simulator (tau2_rl_pipeline/eval/qualify.py) counts them.
+"""The oracle agent in a live conversation: it probes the user for the facts the gold actions need, then plays
+tau2's gold actions in order and the closing message, against a user simulator. Since this agent is perfect, every
+failure is the user simulator's or the task's, and the user's behaviour is checked on every episode, successes
+included (a user can sink an episode that still scores 1.0): the qualification of a user simulator
+(tau2_rl_pipeline/eval/qualify.py) counts the causes `episode_causes` names.
 
-The oracle's moves are completions as a policy would write them, through the same Episode (`act` / `aact`): an
-agent gold action is a tool call; a user-side gold action (telecom's device steps) is asked for in words ("Please
-toggle airplane mode now, with {...}."; no other word, which the scripted user could take for another step), up
-to ASKS times, and counted as done when the user makes
-the matching tool call (tau2's Action.compare_with_tool_call); then the task's communicate info as the closing
-message, and, if the user still talks, the agent's stop. Any BaseUser plays the other side: tau2's LLM user over
-litellm or the asynchronous client (an SGLang-served user model too), or the scripted user.
+The oracle's moves are completions as a policy would write them, through the same Episode (`act` / `aact`):
+- first, for each fact the gold actions need that the scenario states (scenario.py: ids, names, reasons, choices)
+  and the user has not said yet, a question (`probe_question`); the answer must state the scenario's value, else
+  the user gave facts that differ from the scenario;
+- each agent gold action is a tool call; a user-side gold action (telecom's device steps) is asked for in words
+  ("Please toggle airplane mode now, with {...}."; no other word, which the scripted user could take for another
+  step), up to ASKS times, and counted as done when the user makes the matching tool call (tau2's
+  Action.compare_with_tool_call);
+- then the task's communicate info as the closing message; a user that still talks is asked ANYTHING_ELSE up to
+  LINGER times before the agent's stop, and one that never ends it is named.
+Any BaseUser plays the other side: tau2's LLM user over litellm or the asynchronous client (an SGLang-served user
+model too), the scripted user, or the canned users of tau2_rl_pipeline/testing/canned_users.py.
 """
 
 from __future__ import annotations
@@ -23,6 +30,8 @@ from tau2.data_model.tasks import Action, Task
 from tau2_rl_pipeline.benchmark.actions import render_assistant_text
 from tau2_rl_pipeline.benchmark.episode import AGENT_STOP_TOKEN, Episode
 from tau2_rl_pipeline.benchmark.oracle import final_message, gold_actions
+from tau2_rl_pipeline.benchmark.scenario import probe_question, scenario_of, states
+from tau2_rl_pipeline.benchmark.user_monitors import USER_CAUSES, USER_NEVER_ENDED, USER_WRONG_FACTS, user_causes
 
 ASKS = 2  # times the oracle asks for one device action before it goes on without it
 TRANSFER_TOKENS = ("###TRANSFER###", "###OUT-OF-SCOPE###")  # tau2's user-side endings other than ###STOP###
@@ -31,18 +40,24 @@ USER_ACTION_NOT_PERFORMED = "user did not perform a device action"
 USER_TRANSFERRED_OR_ENDED = "user transferred or ended early"
 EVALUATOR_DISAGREED = "evaluator disagreed"
 EPISODE_LIMIT = "episode hit tau2's step or error limit"
-CAUSES = (USER_STOPPED_EARLY, USER_ACTION_NOT_PERFORMED, USER_TRANSFERRED_OR_ENDED, EVALUATOR_DISAGREED,
+LINGER = 2  # times the oracle asks ANYTHING_ELSE after its closing message before it ends the conversation
+ANYTHING_ELSE = "Is there anything else I can help you with?"
+CAUSES = (*USER_CAUSES, USER_STOPPED_EARLY, USER_ACTION_NOT_PERFORMED, USER_TRANSFERRED_OR_ENDED, EVALUATOR_DISAGREED,
           EPISODE_LIMIT)
 
 
 @dataclass
 class OracleNotes:
-    """What happened to the oracle's plan: how many gold actions it got to, which device actions the user never
-    performed, whether it said its closing message."""
+    """What happened to the oracle's plan: the facts it asked for and those the user's answer did not state, how
+    many gold actions it got to, which device actions the user never performed, whether it said its closing
+    message, whether it had to end the conversation itself after LINGER questions."""
 
+    probed: int = 0
+    wrong_facts: list[str] = field(default_factory=list)
     gold_done: int = 0
     missed: list[str] = field(default_factory=list)
     closed: bool = False
+    lingered: bool = False
     used: set[str] = field(default_factory=set)  # ids of the user's tool calls matched to a gold action
 
 
@@ -66,6 +81,16 @@ def performed(messages: list, action: Action, notes: OracleNotes) -> bool:
 def oracle_moves(episode: Episode, notes: OracleNotes) -> Iterator[str]:
     """The oracle's completions, one per policy turn, each chosen after the previous one was played."""
     task: Task = episode.task
+    for fact in scenario_of(task).facts:
+        if episode.done:
+            return
+        if any(states(text, fact.value) for text in user_texts(episode.messages)):
+            continue
+        before = len(episode.messages)
+        yield probe_question(fact)
+        notes.probed += 1
+        if not any(states(text, fact.value) for text in user_texts(episode.messages[before:])):
+            notes.wrong_facts.append(fact.label)
     for action in gold_actions(task):
         if episode.done:
             return
@@ -85,8 +110,17 @@ def oracle_moves(episode: Episode, notes: OracleNotes) -> Iterator[str]:
         return
     notes.closed = True
     yield final_message(task)
+    for _ in range(LINGER):
+        if episode.done:
+            return
+        yield ANYTHING_ELSE
     if not episode.done:
+        notes.lingered = True
         yield AGENT_STOP_TOKEN
+
+
+def user_texts(messages: list) -> list[str]:
+    return [m.content for m in messages if isinstance(m, UserMessage) and not m.is_tool_call() and m.content]
 
 
 def play(episode: Episode) -> OracleNotes:
@@ -131,6 +165,19 @@ def failure_cause(notes: OracleNotes, n_gold: int, termination_reason: str, last
     if termination_reason in ("max_steps", "too_many_errors"):
         return EPISODE_LIMIT
     return EVALUATOR_DISAGREED
+
+
+def episode_causes(notes: OracleNotes, monitors: dict, n_gold: int, termination_reason: str,
+                   last_user_text: str, success: bool) -> list[str]:
+    """Every cause of one oracle episode, most telling first: the user-side monitors' (user_monitors.py) with the
+    oracle's own findings (facts that differ, a conversation the user never ended), then, for a failed episode,
+    `failure_cause`. Empty for a clean success."""
+    found = set(user_causes(monitors))
+    found |= {USER_WRONG_FACTS} if notes.wrong_facts else set()
+    found |= {USER_NEVER_ENDED} if notes.lingered else set()
+    causes = [c for c in USER_CAUSES if c in found]
+    failed = failure_cause(notes, n_gold, termination_reason, last_user_text, success)
+    return causes + ([failed] if failed is not None and failed not in causes else [])
 
 
 def last_user_text(episode: Episode) -> str:

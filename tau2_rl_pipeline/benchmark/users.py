@@ -8,7 +8,8 @@
   TAU2_USER_STRATEGY picks one of the original tau-bench's strategies on top of it (user_strategies.py), over
   whichever client was picked.
 - `scripted`: an offline user built from the task's scenario, for runs with no LLM at all (the demo, CI). It states
-  the request and what it knows, performs the task's user-side gold actions when the agent replies (telecom device
+  the request and what it knows, answers the probing oracle's questions for the facts its scenario states
+  (scenario.py; word for word `probe_question`, nothing a policy would write by chance), performs the task's user-side gold actions when the agent replies (telecom device
   steps), then ends with ###STOP###. It is a plumbing and learning-signal check, not a tau2 user: scores with it are
   not tau2 scores.
 """
@@ -23,6 +24,7 @@ from tau2.data_model.tasks import Task
 from tau2.environment.environment import Environment
 from tau2.user.user_simulator import UserSimulator
 
+from tau2_rl_pipeline.benchmark.scenario import probe_question, scenario_facts
 from tau2_rl_pipeline.benchmark.tau2_version import STOP, BaseUser, UserState
 from tau2_rl_pipeline.benchmark.user_client import OPENAI_PREFIX, AsyncUserSimulator, chat_client
 from tau2_rl_pipeline.benchmark.user_strategies import AsyncStrategyUser, StrategyUser
@@ -60,6 +62,8 @@ class ScriptedUser(BaseUser):
         self.unsure_reply = unsure_reply
         criteria = task.evaluation_criteria
         self.user_actions = [a for a in (criteria.actions or []) if a.requestor == "user"] if criteria else []
+        self.answers = {probe_question(f): f"The {f.label} is {f.value}."
+                        for f in scenario_facts(task, str(task.user_scenario))}
         self.history = 0
 
     def get_init_state(self, message_history: Optional[list[Message]] = None) -> UserState:
@@ -87,6 +91,8 @@ class ScriptedUser(BaseUser):
             reply = UserMessage(role="user", content=None, tool_calls=[call])
         elif getattr(message, "role", None) == "tool":
             reply = UserMessage(role="user", content=self.done_reply)
+        elif getattr(message, "content", None) in self.answers:
+            reply = UserMessage(role="user", content=self.answers[message.content])
         elif done < len(self.user_actions) and unsure < self.patience:
             reply = UserMessage(role="user", content=self.unsure_reply)
         else:

@@ -4,15 +4,18 @@
     TAU2_USER_MODEL=openai/Qwen/Qwen3-8B TAU2_USER_API_BASE=http://127.0.0.1:30001/v1 \
         tau2-rl-qualify-user --user llm --domains telecom --num-samples 4 --output outputs/qualify/qwen3-8b.json
 
-The oracle agent (benchmark/oracle_play.py: tau2's gold actions in order, device steps asked for, the closing
-message) plays every task x --num-samples against the user simulator the evaluator and the GRPO rollout would use
-(--user scripted, or llm: tau2's user over litellm or the asynchronous client, an SGLang user server included, as
-TAU2_USER_* say). The agent is perfect, so every failure is the simulator's or the task's: per domain, the failure
-rate with a 95% bootstrap CI over tasks, broken down by cause, and apart from it the task faults: tasks that fail
-under every simulator, the user-free gold replay included (and every --against run). Writes the evaluator's files
-(<output>, <output>.episodes.jsonl, <stem>.<domain>.tau2.json) and prints a one-screen verdict: QUALIFIED when the
-failure rate over all tasks but the task faults is at most --max-failure-rate. scripts/train_grpo.sh can require it
-(GRPO_USER_QUALIFICATION, GRPO_MAX_USER_FAILURE_RATE: `--check`).
+The oracle agent (benchmark/oracle_play.py: it asks for the facts the gold actions need that the scenario states and
+checks each answer, then plays tau2's gold actions in order, device steps asked for, the closing message) plays every
+task x --num-samples against the user simulator the evaluator and the GRPO rollout would use (--user scripted, or
+llm: tau2's user over litellm or the asynchronous client, an SGLang user server included, as TAU2_USER_* say). The
+agent is perfect, so every failure is the simulator's or the task's, and the user-side monitors
+(benchmark/user_monitors.py) flag a misbehaving user even in an episode that scored 1.0: per domain, the rate of bad
+(failed or flagged) episodes with a 95% bootstrap CI over tasks, broken down by cause, and apart from it the task
+faults: tasks that fail under every simulator, the user-free gold replay included (and every --against run).
+Writes the evaluator's files (<output>, <output>.episodes.jsonl, <stem>.<domain>.tau2.json) and prints a one-screen
+verdict: QUALIFIED when that rate over all tasks but the task faults is at most --max-failure-rate.
+scripts/train_grpo.sh can require it (GRPO_USER_QUALIFICATION, GRPO_MAX_USER_FAILURE_RATE: `--check`, which
+eval/qualify_gate.py runs against the whole user configuration, tau2 version, domains and splits of the run).
 Exit codes: 0 qualified, 1 not qualified, 2 bad setup (nothing written).
 """
 
@@ -34,12 +37,15 @@ from tau2.utils.utils import get_now
 from tau2_rl_pipeline.eval.args import csv_list
 from tau2_rl_pipeline.eval.episodes_file import EpisodesFile, atomic_write_text, read_episodes, secret_values
 from tau2_rl_pipeline.eval.plan import make_plan, output_paths
+from tau2_rl_pipeline.eval.qualify_gate import FORMAT, QualificationError, check, run_scope, user_settings
 from tau2_rl_pipeline.eval.runner import episode_seed
 from tau2_rl_pipeline.eval.tau2_results import results_info, results_json, tau2_results
 from tau2_rl_pipeline.benchmark import judge
 from tau2_rl_pipeline.benchmark.episode import Episode, UserSideError, build_environment
 from tau2_rl_pipeline.benchmark.oracle import gold_actions, replay_gold_actions
-from tau2_rl_pipeline.benchmark.oracle_play import CAUSES, aplay, failure_cause, last_user_text, play
+from tau2_rl_pipeline.benchmark.oracle_play import CAUSES, aplay, episode_causes, last_user_text, play
+from tau2_rl_pipeline.benchmark.scenario import scenario_of
+from tau2_rl_pipeline.benchmark.user_monitors import user_monitors
 from tau2_rl_pipeline.benchmark.tasks import TaskLookupError
 from tau2_rl_pipeline.benchmark.tau2_version import benchmark_id, needs_judge
 from tau2_rl_pipeline.benchmark.users import USER_KINDS, UserConfigError, make_user_factory
@@ -48,13 +54,7 @@ from tau2_rl_pipeline.files import unwritable_reason
 from tau2_rl_pipeline.http_post import first_unreachable
 from tau2_rl_pipeline.metrics import bootstrap_ci, is_success
 
-FORMAT = "tau2_rl_pipeline.qualify_user/1"
 MAX_EXAMPLES = 5
-
-
-class QualificationError(ValueError):
-    """A qualification summary that cannot be read or checked (the GRPO script's --check)."""
-
 
 # ---------------------------------------------------------------------------------------------------
 # Pure: records -> failure rates, causes, task faults, verdict
@@ -68,12 +68,17 @@ def failing_tasks(records: Sequence[dict]) -> set[tuple[str, str]]:
     return {key for key, wins in outcomes.items() if not any(wins)}
 
 
+def bad_episode(record: dict) -> bool:
+    """Failed, or flagged by a user-side cause although it scored 1.0."""
+    return not is_success(record["reward"]) or bool(record.get("qualify_cause"))
+
+
 def failure_rate(records: Sequence[dict]) -> dict[str, Any]:
-    """Share of failed scored episodes with its 95% bootstrap CI over tasks (an episode-level rate whose
-    uncertainty comes from which tasks were drawn, as metrics.bootstrap_ci with episode weights)."""
+    """Share of bad (failed or flagged) scored episodes with its 95% bootstrap CI over tasks (an episode-level rate
+    whose uncertainty comes from which tasks were drawn, as metrics.bootstrap_ci with episode weights)."""
     by_task: dict[tuple[str, str], list[bool]] = defaultdict(list)
     for r in records:
-        by_task[(r["domain"], r["task_id"])].append(not is_success(r["reward"]))
+        by_task[(r["domain"], r["task_id"])].append(bad_episode(r))
     if not by_task:
         return {"value": None, "ci": None, "failed": 0, "n_episodes": 0, "n_tasks": 0}
     rates = [sum(f) / len(f) for f in by_task.values()]
@@ -114,7 +119,8 @@ def verdict_lines(result: dict[str, Any], user: str) -> list[str]:
         return (f"{entry['failed']}/{entry['n_episodes']} episodes = {entry['value']:.3f} [95% CI {lo:.3f}, {hi:.3f}]"
                 f" over {entry['n_tasks']} tasks")
 
-    lines = [f"User simulator {user}, played against the oracle agent (gold actions, then the closing message):"]
+    lines = [f"User simulator {user}, played against the oracle agent (facts probed, gold actions, the closing "
+             "message; failed or flagged episodes):"]
     for domain, d in result["domains"].items():
         lines.append(f"  {domain}: failure {rate(d['failure_rate'])}"
                      + (f", {d['aborted']} aborted (infrastructure, not counted)" if d["aborted"] else ""))
@@ -138,6 +144,9 @@ def record(domain: str, task: Any, sample: int, seed: int, episode: Episode, not
     aborted = error is not None
     reason = episode.termination_reason.value if episode.termination_reason else "max_steps"
     reward = float(reward_info.reward) if reward_info is not None else 0.0
+    users = user_monitors(episode.messages, scenario_of(task), reason)
+    causes = [] if aborted else episode_causes(notes, users, len(gold_actions(task)), reason,
+                                               last_user_text(episode), is_success(reward))
     return {
         "domain": domain, "task_id": task.id, "sample": sample, "seed": seed,
         "status": "aborted" if aborted else "completed", "reward": reward, "partial": 0.0,
@@ -145,8 +154,9 @@ def record(domain: str, task: Any, sample: int, seed: int, episode: Episode, not
         "refused_calls": episode.refused_calls, "unknown_tool_calls": 0, "user_tool_calls_by_agent": 0,
         "refused_call_ids": sorted(episode.refused_call_ids), "error": error, "timings": {"total_s": seconds},
         "started_at": started, "ended_at": ended,
-        "qualify_cause": None if aborted else failure_cause(notes, len(gold_actions(task)), reason,
-                                                            last_user_text(episode), is_success(reward)),
+        "qualify_cause": causes[0] if causes else None, "qualify_causes": causes, "user_monitors": users,
+        "oracle": None if notes is None else {"probed": notes.probed, "wrong_facts": notes.wrong_facts,
+                                              "lingered": notes.lingered},
         "reward_info": reward_info.model_dump(mode="json") if reward_info is not None else None,
         "messages": [m.model_dump(mode="json") for m in episode.messages],
     }
@@ -215,34 +225,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="another simulator's qualification: a task is a task fault only if it fails there too")
     p.add_argument("--output", type=Path, default=Path("outputs/qualify/user.json"), help="summary JSON path")
     p.add_argument("--check", type=Path, default=None, metavar="SUMMARY.json",
-                   help="only check a finished qualification against --max-failure-rate and the TAU2_USER_MODEL "
-                        "in use (scripts/train_grpo.sh)")
+                   help="only check that a finished qualification covers this run (TAU2_USER_* settings, tau2 "
+                        "version, --run-tasks' domains and splits, else --domains x --task-split) within "
+                        "--max-failure-rate (scripts/train_grpo.sh; eval/qualify_gate.py)")
+    p.add_argument("--run-tasks", type=Path, default=None, metavar="TASKS.jsonl",
+                   help="with --check: the GRPO task index whose domains and splits the qualification must cover")
     add_config_args(p)
     return p
-
-
-def check(summary_path: Path, max_failure_rate: float, user_model: str) -> str:
-    """The GRPO script's gate: the qualification of the user model in use passes the bound; else one line."""
-    try:
-        summary = json.loads(summary_path.read_text())
-        if summary.get("format") != FORMAT:
-            raise ValueError(f"not a {FORMAT} summary")
-        settings, overall = summary["settings"], summary["qualification"]["overall"]
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise QualificationError(f"{summary_path}: not a user-simulator qualification ({e}); run "
-                                 "tau2-rl-qualify-user first") from None
-    if settings["user"] != "llm":
-        raise QualificationError(f"{summary_path} qualified the {settings['user']} user, but GRPO's rollout plays "
-                                 f"tau2's LLM user (TAU2_USER_MODEL={user_model!r}): qualify that one (--user llm)")
-    qualified = settings["user_model"]
-    if qualified != user_model:
-        raise QualificationError(f"{summary_path} qualified user model {qualified!r}, but this run uses "
-                                 f"TAU2_USER_MODEL={user_model!r}: qualify that one")
-    if overall["value"] is None or overall["value"] > max_failure_rate:
-        raise QualificationError(f"user simulator {qualified!r} fails the oracle agent in {overall['failed']}/"
-                                 f"{overall['n_episodes']} episodes ({overall['value']}), above the allowed "
-                                 f"{max_failure_rate}: its rewards would punish correct episodes")
-    return f"user simulator {qualified!r} qualified: failure {overall['value']:.3f} <= {max_failure_rate}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -252,7 +241,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not 0.0 <= args.max_failure_rate <= 1.0:
             raise ValueError(f"--max-failure-rate must be in [0, 1], got {args.max_failure_rate}")
         if args.check is not None:
-            print(check(args.check, args.max_failure_rate, cfg.user_model))
+            scope = run_scope(args.run_tasks, csv_list(args.domains), args.task_split)
+            print(check(args.check, args.max_failure_rate, cfg, scope))
             return 0
         if args.concurrency < 1:
             raise ValueError(f"--concurrency must be >= 1, got {args.concurrency}")
@@ -292,10 +282,8 @@ def write_outputs(args: argparse.Namespace, cfg: Any, plan: Any, records: list[d
     """The evaluator's files: the episodes, tau2's results per domain, the summary last."""
     paths = output_paths(args.output, list(plan.tasks))
     secrets = secret_values()
-    llm = args.user == "llm"
     settings = {"benchmark": benchmark_id(plan.tasks, cfg.retrieval_variant), "model": "oracle (gold actions)",
-                "user": args.user, "user_model": cfg.user_model if llm else None,
-                "user_api_base": cfg.user_api_base if llm else None, "user_llm_args": None,
+                **user_settings(args.user, cfg), "user_llm_args": None,
                 "domains": list(plan.tasks), "task_split": args.task_split, "num_samples": args.num_samples,
                 "sampling": {"temperature": 0.0, "top_p": 1.0, "top_k": -1, "max_new_tokens": 0},
                 "seed": args.seed, "max_steps": cfg.max_steps, "max_errors": cfg.max_errors}

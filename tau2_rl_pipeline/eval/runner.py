@@ -21,6 +21,8 @@ from tau2.utils.utils import get_now
 
 from tau2_rl_pipeline.benchmark.episode import build_environment
 from tau2_rl_pipeline.benchmark.monitors import monitors
+from tau2_rl_pipeline.benchmark.scenario import scenario_of
+from tau2_rl_pipeline.benchmark.user_monitors import user_monitors
 from tau2_rl_pipeline.config import Tau2Config
 from tau2_rl_pipeline.learning.reward import partial_score
 from tau2_rl_pipeline.rollout.engines import SamplingParams, SGLangEngine
@@ -96,6 +98,8 @@ async def run_episodes(pending: Sequence[tuple[str, Any, int]], *, engine: Any, 
                 error = f"{type(e).__name__}: {e}".splitlines()[0][:500]
                 record = failed_record(domain, task.id, sample, ep_seed, error, started, get_now(),
                                        time.perf_counter() - t0)
+            if record["status"] != "aborted":  # the user simulator's side (benchmark/user_monitors.py)
+                record["user_monitors"] = user_monitors(traj.messages, scenario_of(task), traj.termination_reason)
             if record["status"] == "aborted":
                 logger.warning("aborted %s task %s sample %d: %s (%s)", domain, task.id, sample,
                                record["termination_reason"], record["error"])

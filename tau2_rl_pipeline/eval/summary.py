@@ -17,25 +17,34 @@ from tau2_rl_pipeline.eval.plan import Plan
 from tau2_rl_pipeline.eval.submission import submit
 from tau2_rl_pipeline.benchmark import judge
 from tau2_rl_pipeline.benchmark.monitors import batch_monitors
+from tau2_rl_pipeline.benchmark.user_monitors import batch_user_monitors
 from tau2_rl_pipeline.metrics import is_success
 
 BOOTSTRAP_SEED = 0  # fixed, so the same episodes always give the same CIs (a resumed run included)
 
 
-def behaviour(records: Sequence[dict]) -> dict[str, Any]:
-    """The behaviour monitors' rates (benchmark/monitors.py batch_monitors) per domain, and over every domain when
-    there are several, over the scored episodes that carry monitors (a resumed file's older lines may not)."""
-    scored = [r for r in records if r["status"] != "aborted" and r.get("monitors")]
+def rates_by_domain(records: Sequence[dict], key: str, rates: Any) -> dict[str, Any]:
+    """`rates(records)` per domain, and over every domain when there are several, over the scored episodes that
+    carry `key` (a resumed file's older lines may not)."""
+    scored = [r for r in records if r["status"] != "aborted" and r.get(key)]
     by_domain: dict[str, list[dict]] = defaultdict(list)
     for r in scored:
         by_domain[r["domain"]].append(r)
-    def rates(rs: list[dict]) -> dict[str, Any]:
-        return batch_monitors([r["monitors"] for r in rs], [is_success(r["reward"]) for r in rs])
-
     out = {d: rates(rs) for d, rs in sorted(by_domain.items())}
     if len(by_domain) > 1:
         out["overall"] = rates(scored)
     return out
+
+
+def behaviour(records: Sequence[dict]) -> dict[str, Any]:
+    """The behaviour monitors' rates (benchmark/monitors.py batch_monitors) per domain and overall."""
+    return rates_by_domain(records, "monitors", lambda rs: batch_monitors(
+        [r["monitors"] for r in rs], [is_success(r["reward"]) for r in rs]))
+
+
+def user_behaviour(records: Sequence[dict]) -> dict[str, Any]:
+    """The user simulator's side (benchmark/user_monitors.py batch_user_monitors) per domain and overall."""
+    return rates_by_domain(records, "user_monitors", lambda rs: batch_user_monitors([r["user_monitors"] for r in rs]))
 
 
 def build_summary(metrics: dict[str, Any], settings: dict[str, Any], records: Sequence[dict],
@@ -58,6 +67,7 @@ def build_summary(metrics: dict[str, Any], settings: dict[str, Any], records: Se
         "metrics": metrics,
         "runs": runs,
         "behaviour": behaviour(records),
+        "user_behaviour": user_behaviour(records),
         "outputs": {"chart": str(paths["chart"]), "tau2_results": {d: str(p) for d, p in paths["tau2"].items()}},
         "wall_s": wall_s,
     }

@@ -24,6 +24,8 @@ from typing import Any
 
 from tau2_rl_pipeline.benchmark.episode import build_environment
 from tau2_rl_pipeline.benchmark.monitors import monitors
+from tau2_rl_pipeline.benchmark.scenario import scenario_of
+from tau2_rl_pipeline.benchmark.user_monitors import user_monitors
 from tau2_rl_pipeline.benchmark.tasks import get_task, split_benchmark
 from tau2_rl_pipeline.benchmark.tau2_version import BenchmarkMismatch, check_same_benchmark
 from tau2_rl_pipeline.benchmark.users import make_user_factory
@@ -301,6 +303,7 @@ async def generate(args, sample, sampling_params: dict[str, Any], evaluation: bo
     sample.metadata["monitors"] = monitors(domain, task, traj.messages, traj.termination_reason)  # rollout_log.py
     if resumes and traj.termination_reason == ROLLOUT_STOPPED and traj.live is not None:
         live_episodes(args).keep(sample, traj.live, (domain, task_id))
+    sample.metadata["user_monitors"] = user_monitors(traj.messages, scenario_of(task), traj.termination_reason)
     return sample
 
 

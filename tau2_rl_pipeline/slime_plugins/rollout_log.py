@@ -9,7 +9,8 @@ its default logging: one dict of the rollout function's extra metrics plus compu
 keys, logged to wandb / tensorboard at rollout/step. The monitors go into that extra-metrics dict, so they land
 in that same row as rollout/monitor/*. A rollout function that returns a bare list (slime's fully asynchronous
 rollout) leaves slime no such dict: then they are logged with slime's own logging_utils.log at the same
-rollout/step. Each sample's monitors come from our generate (adapter.py, sample.metadata["monitors"]); beside
+rollout/step. Each sample's monitors come from our generate (adapter.py, sample.metadata["monitors"], and the user
+simulator's side as rollout/user_monitor/*, from sample.metadata["user_monitors"]); beside
 them, the rollout's aborted samples, counted apart (batch.py: rollout/aborted_samples, rollout/aborted_fraction).
 """
 
@@ -18,10 +19,12 @@ from __future__ import annotations
 from typing import Any
 
 from tau2_rl_pipeline.benchmark.monitors import batch_monitors
+from tau2_rl_pipeline.benchmark.user_monitors import batch_user_monitors
 from tau2_rl_pipeline.metrics import is_success
 from tau2_rl_pipeline.slime_plugins.batch import aborted_metrics
 
 PREFIX = "rollout/monitor/"
+USER_PREFIX = "rollout/user_monitor/"  # the user simulator's side (benchmark/user_monitors.py)
 
 
 def rollout_metrics(samples: list) -> dict[str, float]:
@@ -31,7 +34,9 @@ def rollout_metrics(samples: list) -> dict[str, float]:
               and (s.metadata or {}).get("monitors")]
     rates = batch_monitors([s.metadata["monitors"] for s in scored],
                            [is_success(s.metadata["raw_reward"]) for s in scored])
-    return {PREFIX + name: float(value) for name, value in rates.items() if value is not None}
+    users = batch_user_monitors([s.metadata["user_monitors"] for s in scored if s.metadata.get("user_monitors")])
+    return {**{PREFIX + name: float(value) for name, value in rates.items() if value is not None},
+            **{USER_PREFIX + name: float(value) for name, value in users.items()}}
 
 
 def log_rollout_data(rollout_id: int, args: Any, samples: list, rollout_extra_metrics: dict | None,

@@ -338,6 +338,10 @@ def test_behaviour_monitors_are_logged_by_slimes_own_rollout_logging(extra_metri
     assert logged["rollout/monitor/tool_calls_mean"] == 1.0 and logged["rollout/monitor/over_actions_mean"] == 0.0
     assert logged["rollout/monitor/user_ended_share"] == 1.0 and logged["rollout/monitor/transfer_share"] == 0.0
     assert logged["rollout/monitor/successes_without_action_check_share"] == 1.0  # create_task_1: DB + COMMUNICATE
+    assert logged["rollout/user_monitor/episodes"] == 2.0 and logged["rollout/user_monitor/user_turns_mean"] >= 1.0
+    # the double's user says "this is about create_task_1": an identifier its scenario does not hold, flagged
+    assert logged["rollout/user_monitor/user_wrong_facts_share"] == 1.0 == logged["rollout/user_monitor/user_flagged_share"]
+    assert logged["rollout/user_monitor/user_empty_share"] == 0.0 == logged["rollout/user_monitor/user_echo_share"]
     assert "rollout/prefix_cache_hit_rate" in logged  # slime's compute_metrics_from_samples, beside ours
     if extra_metrics:
         assert "rollout/prefix_cache_hit_rate" in rows[0] and "rollout/monitor/episodes" in rows[0]  # one row
