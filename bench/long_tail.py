@@ -232,7 +232,7 @@ def run_mode(mode: str, cfg: argparse.Namespace, model_dir: Path, rows_path: Pat
     if mode != "sync":
         extra += ["--over-sampling-batch-size", str(cfg.groups * cfg.over_sampling)]
     if mode.startswith("partial"):
-        extra += ["--partial-rollout"]
+        extra += ["--partial-rollout", "--use-tis"]  # TIS, not the mask: the books count what older weights sampled
     os.environ["TAU2_PARTIAL_RESUME"] = "0" if mode == "partial-restart" else "1"
     reset_slime()
     server_cpu = server.ask("reset")["cpu_s"]

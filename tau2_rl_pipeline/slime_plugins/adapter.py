@@ -45,6 +45,7 @@ from tau2_rl_pipeline.rollout.gc_policy import settle
 from tau2_rl_pipeline.rollout.offpolicy import mask_older_turns, versions_of
 from tau2_rl_pipeline.slime_plugins.awsft import is_awsft
 from tau2_rl_pipeline.slime_plugins.batch import scored_raw_rewards
+from tau2_rl_pipeline.slime_plugins.offpolicy_guard import refuse_unguarded
 from tau2_rl_pipeline.slime_plugins.partial_rollout import LiveEpisodes
 
 logger = logging.getLogger(__name__)
@@ -255,6 +256,8 @@ async def generate(args, sample, sampling_params: dict[str, Any], evaluation: bo
     Episodes that aborted for infrastructure reasons feed the abort-storm guard, which stops the run when
     rollout after rollout is mostly aborted (the error names the first failure); a task-index row written with
     another tau2 stops it at once (BenchmarkMismatch)."""
+    if not evaluation:
+        _refuse_unguarded(args)
     slime = _slime()
     meta = sample.metadata or {}
     domain, task_id = meta["domain"], meta["task_id"]
@@ -312,9 +315,20 @@ def generate_rollout_fully_async(args, rollout_id: int, data_buffer, evaluation:
     slime = _slime()
     if evaluation:
         return slime.fully_async_rollout(args, rollout_id, data_buffer, evaluation=True)
+    _refuse_unguarded(args)  # before slime's worker starts: it would log and drop the groups whose generate raised
     guard = storm_guard(args, _config())
     groups = slime.run(_until_storm(slime.fully_async_coroutine(args, rollout_id, data_buffer), guard))
     return slime.RolloutFnTrainOutput(samples=groups, metrics={})
+
+
+def _refuse_unguarded(args) -> None:
+    """The run stops at its first call when slime's args would train older weights' turns uncorrected
+    (offpolicy_guard.py), with the reason in one line in the log too (slime's actor prints the traceback)."""
+    try:
+        refuse_unguarded(args)
+    except ValueError as e:
+        logger.error("%s", e)
+        raise
 
 
 async def _until_storm(coro, guard: AbortStormGuard):
