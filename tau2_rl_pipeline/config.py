@@ -125,6 +125,11 @@ class Tau2Config:
     abort_storm_patience: int = field(default=2, metadata=_meta(
         "slime runs: consecutive abort-storm rollouts tolerated; one more stops the run with the first error "
         "recorded (instead of training on empty masks)", min_value=0))
+    max_staleness: int = field(default=-1, metadata=_meta(
+        "asynchronous GRPO's bound eta (scripts/train_grpo.sh sets it from GRPO_MAX_STALENESS): no trained token "
+        "comes from weights more than eta versions behind the weights training it; slime's fully async rollout "
+        "starts new groups only while that can hold and masks, counted, the turns that still fall past it; "
+        "-1 = unbounded", min_value=-1))
     partial_resume: bool = field(default=True, metadata=_meta(
         "slime runs with --partial-rollout: an episode cut by the rollout (slime's end-of-rollout abort, or a weight "
         "update's pause in the fully async rollout) goes on where it was cut when slime hands its sample back (tau2 "

@@ -73,7 +73,8 @@ def reset_slime() -> None:
     sglang_rollout.GenerateState.clear_instances()
     http_utils._http_client = None
     for cached in (slime_adapter._config, slime_adapter._user_factory, slime_adapter._engine,
-                   slime_adapter._storm_guard, slime_adapter._live_episodes, slime_adapter._settle_gc):
+                   slime_adapter._storm_guard, slime_adapter._live_episodes, slime_adapter._settle_gc,
+                   slime_adapter._admission_gate):
         cached.cache_clear()
     slime_adapter._trackers.clear()
 
