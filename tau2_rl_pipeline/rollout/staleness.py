@@ -12,8 +12,9 @@ a number (SGLang's "default" before the first update) counts as 0: older than an
 Admission follows AReaL's rule (max_head_offpolicyness): group g (0-based, in the order they start) is trained by
 rollout s + g // B at the earliest (B groups a rollout, taken in the order they finish), so while rollout r is the
 newest requested, groups start only while g < (r - s + 1 + eta - lag) * B; lag is 1 where the rollout for r runs
-while step r - 1 still trains and before its update (train_async.py, after its first rollout), else 0. A group that
-finishes later than its turn and any turn an update overtook are what the mask catches (`bound_staleness`).
+while step r - 1 still trains and before its update (train_async.py, after its first rollout: there eta = 0 could
+never start rollout s + 1's groups), else 0. A group that finishes later than its turn and any turn an update
+overtook are what the mask catches (`bound_staleness`).
 """
 
 from __future__ import annotations

@@ -47,7 +47,7 @@ from tau2_rl_pipeline.slime_plugins.awsft import is_awsft
 from tau2_rl_pipeline.slime_plugins.batch import scored_raw_rewards
 from tau2_rl_pipeline.slime_plugins.offpolicy_guard import refuse_unguarded
 from tau2_rl_pipeline.slime_plugins.partial_rollout import LiveEpisodes
-from tau2_rl_pipeline.slime_plugins.staleness import AdmissionGate, StalenessRefused, bound_rollout, schedule_lag
+from tau2_rl_pipeline.slime_plugins.staleness import SCHEDULE_LAG, AdmissionGate, StalenessRefused, bound_rollout
 from tau2_rl_pipeline.slime_plugins.staleness import refusal as staleness_refusal
 
 logger = logging.getLogger(__name__)
@@ -338,11 +338,11 @@ def _admission_gate(source, batch_groups: int, max_staleness: int, lag: int, int
 def admission_gate(args, data_buffer, max_staleness: int) -> AdmissionGate:
     """The one gate over slime's data source (slime's worker keeps the source it was first given), refusing in one
     line a bound the run's schedule cannot meet (staleness.py)."""
-    reason = staleness_refusal(args, max_staleness)
+    reason = staleness_refusal(max_staleness)
     if reason is not None:
         logger.error("%s", reason)
         raise StalenessRefused(reason)
-    return _admission_gate(data_buffer, int(args.rollout_batch_size), max_staleness, schedule_lag(args),
+    return _admission_gate(data_buffer, int(args.rollout_batch_size), max_staleness, SCHEDULE_LAG,
                            int(getattr(args, "update_weights_interval", 1) or 1))
 
 

@@ -28,16 +28,18 @@ class StalenessRefused(ValueError):
     """A staleness bound the run's schedule cannot meet."""
 
 
-def schedule_lag(args: Any) -> int:
-    """1 where a rollout runs while the previous step trains (train_async.py, which refuses --colocate), else 0."""
-    return 0 if getattr(args, "colocate", False) else 1
+# The fully async rollout runs under train_async.py (in train.py slime offloads the engines while a step trains,
+# with --colocate): after its first rollout, each rollout is collected while the previous step trains and before
+# that step's weight update, one version behind the weights that will train it.
+SCHEDULE_LAG = 1
 
 
-def refusal(args: Any, max_staleness: int) -> str | None:
-    if max_staleness == 0 and schedule_lag(args):
-        return ("TAU2_MAX_STALENESS=0 (GRPO_MAX_STALENESS) cannot hold in train_async.py: each rollout is collected "
-                "while the previous step trains, before its weight update, so every token is at least 1 version "
-                "behind; eta = 0 is the synchronous path's guarantee (GRPO_ASYNC=0), or set 1 or more")
+def refusal(max_staleness: int) -> str | None:
+    if max_staleness == 0:
+        return ("TAU2_MAX_STALENESS=0 (GRPO_MAX_STALENESS) cannot hold in the fully async rollout: train_async.py "
+                "collects each rollout while the previous step trains, before its weight update, so every token is "
+                "at least 1 version behind; eta = 0 is the synchronous path's guarantee (GRPO_ASYNC=0), or set 1 "
+                "or more")
     return None
 
 

@@ -1,13 +1,15 @@
 """Bounded staleness (GRPO_MAX_STALENESS, issue 32) through slime 624b824's real fully async worker: the project's
-generate_rollout_fully_async over slime's AsyncRolloutWorker and data source, slime's weight updates through its own
-SGLangEngine calls with slime's own numbering (version 1 before the first rollout, one more after each step), and
-slime's real log_rollout_data. With eta = 1 no trained token lags the weights training it by more than one version
-and the rollout/staleness/* keys are in slime's logged row; unbounded, the worker runs ahead and trains older ones."""
+generate_rollout_fully_async over slime's AsyncRolloutWorker and data source, in train_async.py's order (rollout
+r + 1 collected while step r trains, then the weight update: slime_harness.train_async_steps), slime's weight
+updates through its own SGLangEngine calls with slime's own numbering (version 1 before the first rollout, one more
+after each step), and slime's real log_rollout_data. With eta = 1 no trained token lags the weights training it by
+more than one version and the rollout/staleness/* keys are in slime's logged row; unbounded, the worker runs ahead
+and trains older ones; eta = 0 is refused there (it is the synchronous path's guarantee)."""
 
 from __future__ import annotations
 
 import pytest
-from slime_harness import flat, prompt_rows, reset_slime, rollout, slime_args, update_weights
+from slime_harness import flat, prompt_rows, reset_slime, rollout, slime_args, train_async_steps
 from test_slime_rollout import ASYNC_ROLLOUT, ROLLOUT_LOG, Script
 
 from tau2_rl_pipeline.rollout.staleness import version_number
@@ -40,24 +42,18 @@ def _run(monkeypatch, loopback, tiny_small_dir, small_tokenizer, tmp_path, eta: 
                              "--use-tis", "--custom-rollout-log-function-path", ROLLOUT_LOG))
     rows: list[dict] = []
     monkeypatch.setattr(logging_utils, "log", lambda args, metrics, step_key: rows.append(dict(metrics)))
-    update_weights(loopback, "1")  # slime's update_weights() before the first rollout
-    source, steps = None, []
-    for step in range(STEPS):
-        output, source = rollout(args, step, source)
+    steps = []
+    for step, output in train_async_steps(args, STEPS, loopback, train_s=0.3):
         samples = flat(output.samples)
         log_rollout_data(step, args, samples, output.metrics, 1.0)
         steps.append({"lags": _trained_lags(samples, step + 1), "row": rows[-1], "samples": samples})
-        update_weights(loopback, str(step + 2))  # the step trained: its weights go out as the next version
     reset_slime()
     return steps
 
 
-@pytest.mark.parametrize("eta", [1, 0])
+@pytest.mark.parametrize("eta", [1, 2])
 def test_eta_bounds_how_far_behind_a_trained_token_is(slime_env, monkeypatch, loopback, tiny_small_dir,
                                                       small_tokenizer, tmp_path, eta):
-    """eta = 1: no trained token more than one version behind. eta = 0 (here slime's train.py schedule, each
-    rollout after the previous step's update): every trained token sampled by the weights training it, the
-    synchronous path's guarantee."""
     steps = _run(monkeypatch, loopback, tiny_small_dir, small_tokenizer, tmp_path, str(eta))
     for i, step in enumerate(steps):
         assert step["lags"] and max(step["lags"]) <= eta, (i, step["lags"])
@@ -82,17 +78,17 @@ def test_unbounded_the_worker_runs_ahead_and_trains_older_tokens(slime_env, monk
     assert steps[-1]["row"]["rollout/staleness/masked_tokens"] == 0.0  # unbounded: nothing masked, only measured
 
 
-def test_eta_0_is_refused_where_the_schedule_lags_a_version(slime_env, monkeypatch, loopback, tiny_small_dir,
-                                                            tmp_path):
-    """train_async.py (no --colocate): every rollout after the first is collected before the previous step's
-    update, so eta = 0 could never admit the next rollout's groups; refused in one line before the worker starts."""
+def test_eta_0_is_refused_in_the_fully_async_rollout(slime_env, monkeypatch, loopback, tiny_small_dir, tmp_path):
+    """train_async.py collects every rollout after the first before the previous step's update, so eta = 0 could
+    never admit the next rollout's groups; refused in one line before the worker starts. eta = 0 is the synchronous
+    path's guarantee: train.py's rollout samples each episode with the weights that train it, and under
+    --partial-rollout the mask takes out every older turn (test_partial_rollout.py)."""
     from tau2_rl_pipeline.slime_plugins.staleness import StalenessRefused
 
     monkeypatch.setenv("TAU2_MAX_STALENESS", "0")
     args = slime_args(tiny_small_dir, prompt_rows(tmp_path / "p.jsonl", ["create_task_1"]),
                       loopback.base_url.removeprefix("http://"), batch=1, n=2,
                       extra=("--rollout-function-path", ASYNC_ROLLOUT, "--use-tis"))
-    args.colocate = False  # as train_async.py runs (its own parse refuses --colocate)
     with pytest.raises(StalenessRefused, match=r"^TAU2_MAX_STALENESS=0 .*GRPO_ASYNC=0") as refused:
         rollout(args)
     assert "\n" not in str(refused.value) and loopback.count("/generate") == 0
