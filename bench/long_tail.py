@@ -318,6 +318,12 @@ def table(results: list[dict], cfg: argparse.Namespace) -> str:
     return "\n".join([*_markdown(WALL_COLUMNS, walls), "", *_markdown(BOOK_COLUMNS, books), "", note])
 
 
+def workload_note(cfg: argparse.Namespace, middle: str) -> str:
+    """The line under a long-tail table: the workload, with `middle` (what the bench adds) after the step's size."""
+    return (f"{cfg.groups} groups x {cfg.samples} samples per step, {middle}, {cfg.latency} s per model call, tail "
+            f"rate {cfg.tail_rate} (to {cfg.max_turns} turns), seed {cfg.seed}")
+
+
 def workload_parser(description: str, *, steps: int, over_sampling_help: str, steps_help: str) -> argparse.ArgumentParser:
     """The workload flags both long-tail benches share: a step's size, the model latency and the tail."""
     parser = argparse.ArgumentParser(description=description)

@@ -116,9 +116,9 @@ def table(results: list[dict], cfg: argparse.Namespace) -> str:
              f"{r['not_trained_share']:.1%} ({r['sampled'] - r['trained']} of {r['sampled']})",
              str(int(r["staleness_masked"])), f"{r['max_lag_trained']} ({r['max_lag_sampled']})",
              " ".join(f"{s['wall_s']:.1f}" for s in r["steps"])] for r in results]
-    note = (f"{cfg.groups} groups x {cfg.samples} samples per step, {cfg.steps} steps (the first left out), "
-            f"{cfg.latency} s per model call, tail rate {cfg.tail_rate} (to {cfg.max_turns} turns), seed {cfg.seed}, "
-            f"a weight update {cfg.train_s} s after every step; no restart threw a request away (cut episodes resume)")
+    note = (long_tail.workload_note(cfg, f"{cfg.steps} steps (the first left out)")
+            + f", a weight update {cfg.train_s} s after every step; no restart threw a request away (cut episodes "
+            "resume)")
     return "\n".join(long_tail._markdown(COLUMNS, rows) + ["", note])
 
 
