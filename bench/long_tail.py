@@ -232,7 +232,7 @@ def run_mode(mode: str, cfg: argparse.Namespace, model_dir: Path, rows_path: Pat
     if mode != "sync":
         extra += ["--over-sampling-batch-size", str(cfg.groups * cfg.over_sampling)]
     if mode.startswith("partial"):
-        extra += ["--partial-rollout"]
+        extra += ["--partial-rollout", "--use-tis"]  # TIS, not the mask: the books count what older weights sampled
     os.environ["TAU2_PARTIAL_RESUME"] = "0" if mode == "partial-restart" else "1"
     reset_slime()
     server_cpu = server.ask("reset")["cpu_s"]
@@ -316,6 +316,12 @@ def table(results: list[dict], cfg: argparse.Namespace) -> str:
             f"{'teacher-forced scoring' if cfg.score else 'canned log-probs'}; counts over every step run "
             "(partial's first step included)")
     return "\n".join([*_markdown(WALL_COLUMNS, walls), "", *_markdown(BOOK_COLUMNS, books), "", note])
+
+
+def workload_note(cfg: argparse.Namespace, middle: str) -> str:
+    """The line under a long-tail table: the workload, with `middle` (what the bench adds) after the step's size."""
+    return (f"{cfg.groups} groups x {cfg.samples} samples per step, {middle}, {cfg.latency} s per model call, tail "
+            f"rate {cfg.tail_rate} (to {cfg.max_turns} turns), seed {cfg.seed}")
 
 
 def workload_parser(description: str, *, steps: int, over_sampling_help: str, steps_help: str) -> argparse.ArgumentParser:

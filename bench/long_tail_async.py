@@ -106,9 +106,8 @@ def table(results: list[dict], cfg: argparse.Namespace) -> str:
              str(r["turns_thrown_away_by_restarts"]),
              f"{r['turns_trained']} ({r['turns_trained_older_weights']})", str(r["trained_masked_whole_by_slime"])]
             for r in results]
-    note = (f"{cfg.groups} groups x {cfg.samples} samples per step, {cfg.groups * cfg.samples * cfg.over_sampling} "
-            f"samples in flight at most, {cfg.latency} s per model call, tail rate {cfg.tail_rate} (to "
-            f"{cfg.max_turns} turns), seed {cfg.seed}, a weight update {cfg.train_s} s after every step")
+    note = (long_tail.workload_note(cfg, f"{cfg.groups * cfg.samples * cfg.over_sampling} samples in flight at most")
+            + f", a weight update {cfg.train_s} s after every step")
     return "\n".join(long_tail._markdown(COLUMNS, rows) + ["", note])
 
 

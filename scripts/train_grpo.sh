@@ -13,6 +13,16 @@
 #                                rollout (a pool of episodes in flight across rollout boundaries; it calls our
 #                                custom generate through slime's generate_and_rm_group), stopped by an abort storm
 #                                (slime's worker alone would drop failing groups and wait for ever)
+#   GRPO_MAX_STALENESS=2         eta: no trained token comes from weights more than eta versions behind the weights
+#                                training it (tau2_rl_pipeline/slime_plugins/staleness.py, exported to it as
+#                                TAU2_MAX_STALENESS): new groups start only while that can hold (AReaL's
+#                                max_head_offpolicyness rule), turns that still lag past it are masked and counted,
+#                                rollout/staleness/* logged; --sglang-server-concurrency is bounded to match
+#                                ((eta + 1) x the rollout's samples over the engines; slime's default, 512 per engine,
+#                                kept ~1024 groups in flight for a 16-group step). -1 = unbounded. 0 is refused here:
+#                                train_async.py collects each rollout before the previous step's update, so every
+#                                token is at least 1 behind (eta = 0 is the synchronous path, GRPO_ASYNC=0).
+#                                bench/README.md P12: the measurement behind the default
 # In both modes (tests/contract/test_partial_rollout.py and test_slime_rollout.py run slime's own rollout code):
 #   GRPO_PARTIAL_ROLLOUT=1       --partial-rollout: an episode cut by the rollout (slime's end-of-rollout abort in
 #                                train.py; in train_async.py a weight update, whose /pause_generation aborts the
@@ -78,6 +88,7 @@ fi
 GRPO_PARTIAL_ROLLOUT="$(bool_setting GRPO_PARTIAL_ROLLOUT "${GRPO_PARTIAL_ROLLOUT:-1}")"
 GRPO_USE_TIS="$(bool_setting GRPO_USE_TIS "${GRPO_USE_TIS:-1}")"
 GRPO_MASK_OFFPOLICY="$(bool_setting GRPO_MASK_OFFPOLICY "${GRPO_MASK_OFFPOLICY:-1}")"
+GRPO_MAX_STALENESS="${GRPO_MAX_STALENESS:-2}"
 
 for name in GRPO_NUM_ROLLOUT GRPO_ROLLOUT_BATCH_SIZE GRPO_N_SAMPLES GRPO_GLOBAL_BATCH_SIZE GRPO_MAX_RESPONSE_LEN \
   GRPO_SAVE_INTERVAL GRPO_MAX_TOKENS_PER_GPU; do
@@ -95,6 +106,9 @@ if [[ "${GRPO_MASK_OFFPOLICY}" == 0 ]]; then
   [[ "${GRPO_USE_TIS}" == 1 ]] ||
     die "GRPO_MASK_OFFPOLICY=0 with GRPO_USE_TIS=0 would train turns sampled by older weights as if on-policy (slime's PPO ratio ignores the rollout log-probs): set GRPO_USE_TIS=1 or GRPO_MASK_OFFPOLICY=1"
 fi
+[[ "${GRPO_MAX_STALENESS}" =~ ^(-1|0|[1-9][0-9]*)$ ]] ||
+  die "GRPO_MAX_STALENESS=${GRPO_MAX_STALENESS} must be a whole number of weight versions (0 or more), or -1 for unbounded"
+export TAU2_MAX_STALENESS="${GRPO_MAX_STALENESS}"  # read by the rollout inside slime (Tau2Config.max_staleness)
 SAMPLES=$((GRPO_ROLLOUT_BATCH_SIZE * GRPO_N_SAMPLES))
 ((SAMPLES % GRPO_GLOBAL_BATCH_SIZE == 0)) ||
   die "GRPO_GLOBAL_BATCH_SIZE=${GRPO_GLOBAL_BATCH_SIZE} must divide the ${SAMPLES} samples of a rollout"
@@ -107,6 +121,8 @@ if [[ "${GRPO_ASYNC}" == 1 ]]; then
   if [[ "${FILTER_ZERO_STD}" == 1 && "${GRPO_ASYNC_ROLLOUT_FUNCTION}" == *generate_rollout_fully_async ]]; then
     die "TAU2_FILTER_ZERO_STD=1 has no effect with GRPO_ASYNC=1: slime's fully async rollout applies no dynamic-sampling filter"
   fi
+  [[ "${GRPO_MAX_STALENESS}" != 0 ]] ||
+    die "GRPO_MAX_STALENESS=0 cannot hold with GRPO_ASYNC=1: train_async.py collects each rollout before the previous step's weight update, so every token is at least 1 version behind; eta = 0 is the synchronous path's guarantee (GRPO_ASYNC=0), or set 1 or more"
   cluster_placement split "${GRPO_ASYNC_ROLLOUT_GPUS}"
   apply_preset "$((ACTOR_NUM_NODES * ACTOR_GPUS_PER_NODE))"  # the layout of the training GPUs alone
 else
@@ -210,6 +226,14 @@ SGLANG_ARGS=(
   --rollout-num-gpus-per-engine "${ROLLOUT_GPUS_PER_ENGINE}"
   --sglang-mem-fraction-static "${GRPO_SGLANG_MEM_FRACTION}"
 )
+if [[ "${GRPO_ASYNC}" == 1 && "${GRPO_MAX_STALENESS}" != -1 ]]; then
+  # slime's worker keeps this many groups in flight per engine, and its semaphore this many samples: room for the
+  # (eta + 1) rollouts' samples the staleness bound lets start, no more
+  ENGINES=$((ROLLOUT_NUM_GPUS / ROLLOUT_GPUS_PER_ENGINE))
+  ((ENGINES >= 1)) || ENGINES=1
+  IN_FLIGHT=$(((GRPO_MAX_STALENESS + 1) * SAMPLES))
+  SGLANG_ARGS+=(--sglang-server-concurrency "$(((IN_FLIGHT + ENGINES - 1) / ENGINES))")
+fi
 
 CUSTOM_ARGS=(
   --custom-generate-function-path tau2_rl_pipeline.slime_plugins.adapter.generate

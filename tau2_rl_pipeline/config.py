@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
 ENV_PREFIX = "TAU2_"
+CURRICULUM_MAX_WEIGHT = 5.0  # AWSFT's largest weight (learning/awsft.py MAX_WEIGHT): a larger curriculum weight saturates it
 # TAU2_* variables read elsewhere than Tau2Config (configs/.env.template, "Other variables"): the scripts' layout
 # and output directory, the tests', tau2's log level, and tau2-bench's own data directory.
 OTHER_VARIABLES = ("TAU2_LOG_LEVEL", "TAU2_QWEN3_TOKENIZER", "TAU2_VENV", "TAU2_TEST_WORKERS", "TAU2_THIRD_PARTY",
@@ -124,6 +125,12 @@ class Tau2Config:
     abort_storm_patience: int = field(default=2, metadata=_meta(
         "slime runs: consecutive abort-storm rollouts tolerated; one more stops the run with the first error "
         "recorded (instead of training on empty masks)", min_value=0))
+    max_staleness: int = field(default=-1, metadata=_meta(
+        "asynchronous GRPO's bound eta (scripts/train_grpo.sh sets it from GRPO_MAX_STALENESS): no trained token "
+        "comes from weights more than eta versions behind the weights training it; slime's fully async rollout "
+        "starts new groups only while that can hold and masks, counted, the turns that still fall past it; "
+        "-1 = unbounded (slime's own behaviour; the stage script passes 2, bench/README.md P12); 0 is refused there "
+        "(train_async.py is always one version behind: eta = 0 is the synchronous path)", min_value=-1))
     partial_resume: bool = field(default=True, metadata=_meta(
         "slime runs with --partial-rollout: an episode cut by the rollout (slime's end-of-rollout abort, or a weight "
         "update's pause in the fully async rollout) goes on where it was cut when slime hands its sample back (tau2 "
@@ -169,6 +176,11 @@ class Tau2Config:
         "(counts are still kept and saved)"))
     grpo_std_normalization: bool = field(default=True, metadata=_meta(
         "divide group-centred rewards by the group's std + 1e-6 (off = Dr. GRPO, mean-centring only)"))
+    awsft_reward: str = field(default="task", metadata=_meta(
+        "the reward AWSFT's advantage A = r - V* reads (GRPO_ALGORITHM=awsft / --algorithm awsft): task = tau2's "
+        "binary task reward (1 on success, else 0), the recipe's and the scale of V*, the reference's pass rate; "
+        "shaped = the shaped reward (partial credit, format penalty) against the same V*, which ranks failures "
+        "by what they got right (docs/recipes-and-settings.md: when it helps)", choices=("task", "shaped")))
     loss_reduction: str = field(default="sample_mean", metadata=_meta(
         "how the GRPO and AWSFT losses average over an optimizer step, on both paths: sample_mean = slime's "
         "default, the mean over samples of each sample's token mean; token_mean = every trained token weighs the "
@@ -189,9 +201,11 @@ class Tau2Config:
     curriculum_hard_threshold: float = field(default=0.25, metadata=_meta(
         "success rate below which a task counts as hard", min_value=0.0, max_value=1.0))
     curriculum_solved_weight: float = field(default=0.1, metadata=_meta(
-        "advantage weight of a solved task", min_value=0.0))
+        "advantage weight of a solved task (at most 5, AWSFT's largest weight: above it every success of the task "
+        "would weigh the same 5)", min_value=0.0, max_value=CURRICULUM_MAX_WEIGHT))
     curriculum_hard_weight: float = field(default=0.5, metadata=_meta(
-        "advantage weight of a hard task", min_value=0.0))
+        "advantage weight of a hard task (at most 5, as the solved one; above 1 it raises GRPO's advantages and "
+        "AWSFT's successes, never an AWSFT failure's weight)", min_value=0.0, max_value=CURRICULUM_MAX_WEIGHT))
     curriculum_persist: bool = field(default=True, metadata=_meta(
         "save the curriculum counts (atomic JSON) with each checkpoint and restore them on resume"))
     curriculum_state_path: str = field(default="", metadata=_meta(

@@ -85,9 +85,70 @@ def test_the_curriculum_weight_never_raises_a_failures_weight():
     got = weights([("solved", [1, 1, 1, 0], 0.0)], cfg, tracker)
     assert tracker.weight("mock/solved") == 0.1
     assert got == pytest.approx([0.15, 0.15, 0.15, 0.01], abs=1e-5)  # was [1.05, 1.05, 1.05, 0.85]
-    assert awsft.with_curriculum(0.1, 2.0) == 0.1 and awsft.with_curriculum(2.0, 2.0) == 4.0  # a hard task's c > 1
+    assert awsft.with_curriculum(0.1, 2.0, True) == 0.1 and awsft.with_curriculum(2.0, 2.0, True) == 4.0  # c > 1
+    assert awsft.with_curriculum(2.0, 2.0, False) == 2.0  # ... raises only a success's weight
     off = Tau2Config.from_env({"TAU2_APPLY_CURRICULUM_WEIGHTS": "0"})
     assert weights([("solved", [1, 1, 1, 0], 0.0)], off, tracker) == pytest.approx([1.5, 1.5, 1.5, 0.1], abs=1e-5)
+
+
+def shaped_samples(groups: list[tuple[str, list[tuple[float, float]], float | None]]) -> list[SimpleNamespace]:
+    """Completed samples with partial credit: (task id, its group's (task reward, shaped reward) pairs, its V*)."""
+    out = []
+    for task_id, pairs, v_star in groups:
+        meta = {"domain": "mock", "task_id": task_id, **({} if v_star is None else {awsft.BASELINE_KEY: v_star})}
+        out += [SimpleNamespace(reward=shaped, metadata={**meta, "raw_reward": raw}, remove_sample=False,
+                                status=SimpleNamespace(name="COMPLETED")) for raw, shaped in pairs]
+    return out
+
+
+# the seed's first batch ([1,0,0,0] and [0,0,0,0], V* = 0) as the rollout scores it with partial credit on
+WITH_PARTIAL_CREDIT = [("a", [(1.0, 1.2), (0.0, 0.25), (0.0, 0.1), (0.0, 0.0)], 0.0),
+                       ("b", [(0.0, 0.2), (0.0, 0.05), (0.0, 0.0), (0.0, 0.0)], 0.0)]
+
+
+def test_a_and_v_star_come_from_the_binary_task_reward_by_default():
+    """Seed 002 scores A = r - V* with the binary task reward, the scale of V* (a pass rate): partial credit in the
+    shaped reward changes nothing by default, and moves the weights only under TAU2_AWSFT_REWARD=shaped."""
+    cfg = Tau2Config.from_env({})
+    assert cfg.use_partial_credit and cfg.awsft_reward == "task"
+    got = post_process(shaped_samples(WITH_PARTIAL_CREDIT), 4, cfg, CurriculumTracker(cfg), "awsft")[1]
+    assert got == pytest.approx([3.475] + [0.646] * 7, abs=5e-4)  # the seed's numbers (tested above on 0/1 rewards)
+    shaped_cfg = Tau2Config.from_env({"TAU2_AWSFT_REWARD": "shaped"})
+    shaped = post_process(shaped_samples(WITH_PARTIAL_CREDIT), 4, shaped_cfg, CurriculumTracker(shaped_cfg),
+                          "awsft")[1]
+    rewards = [shaped for _, pairs, _ in WITH_PARTIAL_CREDIT for _, shaped in pairs]
+    assert shaped == pytest.approx(awsft.batch_weights(rewards, [0.0] * 8, [True] * 8))
+    assert max(abs(x - y) for x, y in zip(got, shaped)) > 0.1  # partial credit ranks the failures
+    assert shaped[1] > shaped[2] > shaped[3] and got[1] == got[2] == got[3]
+
+
+def test_a_hard_weight_above_one_never_raises_a_failures_weight():
+    """TAU2_CURRICULUM_HARD_WEIGHT=2 on a task whose reference never solves it: its failures sit above the batch's
+    level (the easy task's failures fall 0.9 below their V*), so they weigh more than 1; c = 2 leaves them so
+    (it doubled them before), and still doubles a success's weight above 1."""
+    cfg = Tau2Config.from_env({"TAU2_CURRICULUM_HARD_WEIGHT": "2"})
+    groups = [("easy", [1, 0, 0, 0], 0.9), ("hard", [0, 0, 0, 0], 0.0)]
+    plain = weights(groups, cfg)
+    tracker = CurriculumTracker(cfg)
+    for _ in range(6):
+        tracker.record("mock/hard", False)  # hard so far: curriculum weight 2
+    got = weights(groups, cfg, tracker)
+    assert tracker.weight("mock/hard") == 2.0
+    assert plain[4:] == pytest.approx([1.681] * 4, abs=5e-4) and got[4:] == pytest.approx(plain[4:])  # unchanged
+    assert [2 * w for w in plain[4:]] != pytest.approx(got[4:])  # (what the earlier composition gave)
+    solved = weights([("easy", [1, 0, 0, 0], 0.9), ("hard", [1, 0, 0, 0], 0.0)], cfg, tracker)
+    assert solved[4] == pytest.approx(min(2 * weights([("easy", [1, 0, 0, 0], 0.9),
+                                                        ("hard", [1, 0, 0, 0], 0.0)], cfg)[4], 5.0))
+
+
+@pytest.mark.parametrize("name", ["TAU2_CURRICULUM_HARD_WEIGHT", "TAU2_CURRICULUM_SOLVED_WEIGHT"])
+def test_the_config_refuses_curriculum_weights_the_recipe_cannot_use(name):
+    """Above AWSFT's largest weight (5) a curriculum weight only saturates it: every success of the task weighs 5."""
+    from tau2_rl_pipeline.config import ConfigError
+
+    assert getattr(Tau2Config.from_env({name: "5"}), name.removeprefix("TAU2_").lower()) == 5.0
+    with pytest.raises(ConfigError, match=f"{name}=6.0 must be <= 5.0"):
+        Tau2Config.from_env({name: "6"})
 
 
 def test_aborted_and_removed_samples_get_weight_zero_and_stay_out_of_the_statistics():

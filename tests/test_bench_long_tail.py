@@ -91,3 +91,21 @@ def test_long_tail_async_bench_runs_and_resumes_what_the_weight_update_cuts(tmp_
     assert rows["async"]["cut_resumed"] > 0  # the update cut episodes in flight, and they went on
     assert rows["async"]["cut_restarted"] == rows["async"]["turns_thrown_away_by_restarts"] == 0
     assert rows["async-restart"]["cut_resumed"] == 0
+
+
+def test_staleness_bench_runs_and_keeps_each_bound(tmp_path):
+    """bench/staleness.py (P12) at tiny sizes, nothing timed: eta = 0 (the synchronous path) trains only tokens of
+    the weights training them, eta = 1 none more than one version behind, and every row's books add up."""
+    out = tmp_path / "staleness.json"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "staleness.py"), "--groups", "2", "--samples", "2", "--steps", "3",
+         "--latency", "0.05", "--tail-rate", "0.3", "--train-s", "0.5", "--max-turns", "8", "--etas", "0,1,-1",
+         "--json", str(out)], check=False, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = {r["eta"]: r for r in json.loads(out.read_text())["results"]}
+    assert list(rows) == [0, 1, -1]
+    assert rows[0]["max_lag_trained"] == 0 and rows[1]["max_lag_trained"] <= 1
+    for r in rows.values():
+        assert 0 < r["trained"] <= r["sampled"] and len(r["steps"]) == 3
+        assert r["not_trained_share"] == pytest.approx(1 - r["trained"] / r["sampled"])
+        assert r["max_lag_trained"] <= r["max_lag_sampled"]

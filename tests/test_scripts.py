@@ -420,6 +420,26 @@ def test_async_grpo_settings(dry_dir: Path) -> None:
     assert not {"--partial-rollout", "--use-tis"} & got.keys() and "--mask-offpolicy-in-partial-rollout" in got
 
 
+def test_async_grpo_bounds_staleness_and_the_groups_in_flight(dry_dir: Path, tmp_path: Path) -> None:
+    """GRPO_MAX_STALENESS reaches the rollout inside slime as TAU2_MAX_STALENESS, and bounds slime's worker pool to
+    (eta + 1) rollouts' samples over the rollout engines (layout 8: 2 engines; 16 x 4 samples a rollout), where
+    slime's default (512 a engine) kept ~1024 groups in flight; unbounded keeps slime's default; 0 is refused."""
+    options, argv = slime_job(cached_dry("train_grpo.sh", dry_dir, GRPO_ASYNC="1"), "train_async.py")
+    assert runtime_env(options)["env_vars"]["TAU2_MAX_STALENESS"] == "2"
+    assert flags(argv)["--sglang-server-concurrency"] == str(3 * 64 // 2)
+    options, argv = slime_job(cached_dry("train_grpo.sh", dry_dir, GRPO_ASYNC="1", GRPO_MAX_STALENESS="4"),
+                              "train_async.py")
+    assert runtime_env(options)["env_vars"]["TAU2_MAX_STALENESS"] == "4"
+    assert flags(argv)["--sglang-server-concurrency"] == str(5 * 64 // 2)
+    unbounded = flags(slime_job(cached_dry("train_grpo.sh", dry_dir, GRPO_ASYNC="1", GRPO_MAX_STALENESS="-1"),
+                                "train_async.py")[1])
+    assert "--sglang-server-concurrency" not in unbounded
+    assert "--sglang-server-concurrency" not in grpo_flags(dry_dir)  # synchronous: slime's own rollout bound
+    result = run_script("train_grpo.sh", tmp_path, GRPO_ASYNC="1", GRPO_MAX_STALENESS="0")
+    assert result.rc != 0 and "GRPO_MAX_STALENESS=0 cannot hold with GRPO_ASYNC=1" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and "ray" not in result.stdout
+
+
 # ---- SFT / RFT ------------------------------------------------------------------------------------------------
 def test_sft_reads_messages_and_tools_without_chat_template_flag(dry_dir: Path) -> None:
     got = sft_flags(dry_dir)

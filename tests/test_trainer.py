@@ -447,6 +447,29 @@ def test_grpo_step_raises_positive_and_lowers_negative_sampled_tokens(tiny_small
             "lr", "tokens", "advantage_mean"} <= logged[0].keys()
 
 
+@pytest.mark.parametrize("reduction", ["sample_mean", "token_mean"])
+def test_a_wholly_masked_example_counts_as_slime_counts_it(tiny_small_dir, rollouts, tmp_path, reduction):
+    """One sample and one token of the step's means, whatever the micro-batching (issue 32: the trainer dropped it;
+    slime's loss_function with it is tests/contract/test_slime_awsft.py)."""
+    good, bad = as_example(rollouts[0], 1.0), as_example(rollouts[1], -0.5)
+    masked = replace(bad, loss_mask=[0] * len(bad.loss_mask), advantage=0.5)
+    records = {}
+    for micro in (1, 3):
+        trainer = trainer_for(tiny_small_dir, tmp_path / str(micro), micro_batch_size=micro, loss_reduction=reduction)
+        records[micro] = trainer.grpo_step([good, masked, bad])
+    assert records[1]["pg_loss"] == pytest.approx(records[3]["pg_loss"], abs=1e-5)
+    alone = trainer_for(tiny_small_dir, tmp_path / "alone", loss_reduction=reduction).grpo_step([good, bad])
+    # on-policy, ratio 1: pg = -A per token; the masked example adds nothing but its count to the denominators
+    n_good, n_bad = good.num_targets, bad.num_targets
+    if reduction == "sample_mean":
+        expected = (-1.0 + 0.5) / 3
+    else:
+        expected = (-n_good + 0.5 * n_bad) / (n_good + n_bad + 1)
+    assert records[3]["pg_loss"] == pytest.approx(expected, abs=1e-4)
+    assert records[3]["tokens"] == alone["tokens"] == n_good + n_bad
+    assert abs(alone["pg_loss"] - records[3]["pg_loss"]) > 1e-3  # what leaving it out gave
+
+
 def test_repeated_steps_on_one_batch_hit_the_clip_bound(tiny_small_dir, mock_demos, tmp_path):
     trainer = trainer_for(tiny_small_dir, tmp_path, lr=1e-2)
     good = scored(tiny_small_dir, mock_demos[:1], (1.0,))  # old log-probs stay those of the starting weights

@@ -26,8 +26,12 @@ Aggregation (`reducer`), one choice on both paths (TAU2_LOSS_REDUCTION), the sam
 - `token_mean` (slime's `--calculate-per-token-loss`): the masked sum divided by the step's mask-1 token count
   (slime: Megatron divides by the summed `num_tokens`), so a long episode counts for more than a short one.
 Pass the step's totals (`num_tokens`, `num_samples`) to every micro-batch and the micro-batch losses (and
-metrics) sum to the step's value. One difference: slime keeps a removed sample (aborted, filtered) in its batch at
-mask 0, where it still counts as a sample (and as one token), while the local trainer leaves it out. SFT is `token_mean` on both paths (slime's SFT runs with the per-token flag).
+metrics) sum to the step's value. A wholly masked sample (removed: aborted, filtered; or every turn masked as
+off-policy) counts as slime counts it: slime keeps it in its batch at mask 0 (its batch size is fixed by
+--global-batch-size and split across data-parallel ranks, so the plug-ins cannot take it out), where it is one
+sample of the per-sample mean and one token of the per-token count (`loss_function` sums each sample's mask count
+clamped at 1: `step_tokens`). The local trainer keeps it too, so both give the same number under both reductions
+(tests/contract/test_slime_awsft.py). SFT is `token_mean` on both paths (slime's SFT runs with the per-token flag).
 
 Tensors are [batch, seq] and aligned to the input ids: position i holds the value for predicting token i, and
 position 0 (nothing to predict it from) is always 0 with mask 0.
@@ -67,13 +71,19 @@ def gather_logprobs(logits: torch.Tensor, targets: torch.Tensor, *, temperature:
 REDUCTIONS = ("sample_mean", "token_mean")
 
 
+def step_tokens(targets_per_sample) -> int:
+    """The per-token denominator of a step as slime's `loss_function` counts it: each sample's mask-1 tokens, at
+    least 1 (a wholly masked sample counts as one token)."""
+    return sum(max(int(n), 1) for n in targets_per_sample)
+
+
 def reducer(loss_mask: torch.Tensor, reduction: str, *, num_tokens: int | None = None,
             num_samples: int | None = None) -> Callable[[torch.Tensor], torch.Tensor]:
     """x [batch, seq] -> the masked mean of x as `reduction` defines it (module docstring); the denominators
-    default to this batch's own mask-1 count / row count."""
+    default to this batch's own (`step_tokens` of its rows, its row count)."""
     mask = loss_mask.float()
     if reduction == "token_mean":
-        tokens = int(mask.sum().item()) if num_tokens is None else num_tokens
+        tokens = step_tokens(mask.sum(-1).tolist()) if num_tokens is None else num_tokens
         return lambda x: (x * mask).sum() / max(tokens, 1)
     if reduction == "sample_mean":
         per_sample = mask.sum(-1).clamp_min(1.0)

@@ -184,9 +184,10 @@ def task_key(metadata: dict) -> str:
 def post_process(samples: Sequence[SampleLike], group_size: int, cfg: Tau2Config,
                  tracker: CurriculumTracker, algorithm: str = "grpo") -> tuple[list[float], list[float]]:
     """(raw task rewards, advantages) for a flat batch of groups of `group_size` samples, in order; with
-    algorithm="awsft" the second list holds each sample's AWSFT weight instead (learning/awsft.py: the reward over
-    the reference's pass rate metadata["reference_pass_rate"], normalised over the whole batch, the curriculum
-    weight composed so it never raises a weight at or below 1).
+    algorithm="awsft" the second list holds each sample's AWSFT weight instead (learning/awsft.py: the binary task
+    reward, or the shaped one under TAU2_AWSFT_REWARD=shaped, over the reference's pass rate
+    metadata["reference_pass_rate"], normalised over the whole batch, the curriculum weight composed so it never
+    raises a failure's weight).
 
     Aborted and removed samples get advantage (and weight) 0 and stay out of group (and batch) statistics. Every
     non-aborted sample (it must carry metadata["raw_reward"]) is recorded in the tracker by tau2's success rule; the
@@ -219,7 +220,9 @@ def post_process(samples: Sequence[SampleLike], group_size: int, cfg: Tau2Config
                   for s, ok in zip(samples, valid)]
     if algorithm == "awsft":
         baselines = [reference_pass_rate(s.metadata) for s in samples]
-        return raw_rewards, awsft.batch_weights(rewards, baselines, valid, curriculum)
+        successes = [is_success(raw) for raw in raw_rewards]
+        scored = rewards if cfg.awsft_reward == "shaped" else [float(ok) for ok in successes]
+        return raw_rewards, awsft.batch_weights(scored, baselines, valid, curriculum, successes)
     if algorithm != "grpo":
         raise ValueError(f"algorithm must be grpo or awsft, got {algorithm!r}")
     advantages = group_normalize(rewards, valid, group_size, cfg.grpo_std_normalization)

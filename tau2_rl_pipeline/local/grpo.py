@@ -34,7 +34,7 @@ from tau2_rl_pipeline.learning.awsft import BASELINE_KEY
 from tau2_rl_pipeline.learning.curriculum import STATE_FILE, CurriculumTracker
 from tau2_rl_pipeline.learning.judge_reward import JudgeClient, judge_trajectory
 from tau2_rl_pipeline.learning.reward import post_process, task_key
-from tau2_rl_pipeline.local.examples import examples_from_trajectory
+from tau2_rl_pipeline.local.examples import TrainExample, examples_from_trajectory
 from tau2_rl_pipeline.local.train_log import run_time
 from tau2_rl_pipeline.local.trainer import LocalTrainer, TrainConfig
 from tau2_rl_pipeline.metrics import is_success
@@ -215,13 +215,13 @@ def grpo_stage(settings: GrpoSettings, start: Path, dest: Path, root: Path, cfg:
                    for t in trajs]
         zero_before = tracker.zero_signal_groups
         raw, signal = post_process(samples, s.n, cfg, tracker, name)  # advantages, or AWSFT's weights
-        # Every kept sample is trained, as slime trains every sample of its batch: a zero GRPO advantage still
-        # counts in the per-sample mean and carries the KL and entropy terms. TAU2_FILTER_ZERO_STD removes
-        # equal-reward groups on both paths.
-        examples = [examples_from_trajectory(t.prompt_ids, t.response_ids, t.loss_mask, t.rollout_logprobs,
-                                             0.0 if name == "awsft" else a, weight=a if name == "awsft" else 1.0)
-                    for t, smp, a in zip(trajs, samples, signal) if not smp.remove_sample]
-        record = {**step_record(step, samples, raw, s.n, tracker.zero_signal_groups - zero_before, len(examples)),
+        # Every sample is trained as slime trains every sample of its batch: a zero GRPO advantage still counts in
+        # the per-sample mean and carries the KL and entropy terms, and a removed one (aborted, or filtered by
+        # TAU2_FILTER_ZERO_STD) stays in the batch at mask 0, one sample (and one token) in the means, as on slime.
+        examples = [example_from_sample(smp, 0.0 if name == "awsft" else a, weight=a if name == "awsft" else 1.0)
+                    for smp, a in zip(samples, signal)]
+        trained = sum(not smp.remove_sample for smp in samples)
+        record = {**step_record(step, samples, raw, s.n, tracker.zero_signal_groups - zero_before, trained),
                   "rollout_s": rollout_s, "aborted": sum(smp.status.name == "ABORTED" for smp in samples),
                   "judge_calls": sum(t.judge_calls for t in trajs),
                   "behaviour": step_behaviour(s.domain, trajs, [task for task in drawn for _ in range(s.n)]),
@@ -237,11 +237,18 @@ def grpo_stage(settings: GrpoSettings, start: Path, dest: Path, root: Path, cfg:
         report(f"{name} step {step}/{s.steps}: reward {record['raw_reward_mean']:.3f} "
                f"(shaped {record['shaped_reward_mean']:.3f}) over {record['episodes']} episodes, "
                f"{record['groups_without_signal']}/{record['groups']} groups without signal, "
-               f"trained on {len(examples)} sequences ({timing})")
+               f"trained on {trained} sequences ({timing})")
     if not dest.exists():  # saved whole or not at all: present means a run stopped just after saving it
         trainer.save(dest)
     trainer.close()
     return history
+
+
+def example_from_sample(sample: LocalSample, advantage: float, weight: float) -> TrainExample:
+    """A sample's books as slime trains them: a removed sample's mask all 0 (slime zeroes it in its train data)."""
+    prompt, response = sample.tokens[:-sample.response_length], sample.tokens[-sample.response_length:]
+    mask = [0] * len(response) if sample.remove_sample else list(sample.loss_mask)
+    return examples_from_trajectory(prompt, response, mask, sample.rollout_log_probs, advantage, weight=weight)
 
 
 def _baseline(baselines: dict[str, float], task_id: str) -> dict:

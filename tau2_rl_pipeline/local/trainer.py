@@ -40,6 +40,7 @@ from tau2_rl_pipeline.learning.losses import (
     REDUCTIONS,
     gather_logprobs,
     grpo_loss,
+    step_tokens,
     local_awsft_loss,
     merge_metrics,
     sft_loss,
@@ -203,11 +204,13 @@ class LocalTrainer:
     # -- optimizer steps ----------------------------------------------------------------------------------
     def _optimizer_step(self, examples: Sequence[TrainExample], micro_loss: Callable[[Batch, int], tuple],
                         advance: Callable[..., None] | None = None) -> dict[str, Any]:
-        """Accumulate gradients over micro-batches, each loss divided by the step's total target count, then
-        clip and step. A non-finite gradient stops training rather than writing NaN weights."""
-        num_tokens = sum(e.num_targets for e in examples)
-        if num_tokens == 0:
+        """Accumulate gradients over micro-batches, each loss divided by the step's total target count (an example
+        with none counting as one, as slime counts a wholly masked sample: losses.step_tokens), then clip and step.
+        A non-finite gradient stops training rather than writing NaN weights."""
+        targets = sum(e.num_targets for e in examples)
+        if targets == 0:
             raise ValueError(f"step {self.step + 1}: no example has a mask-1 token to train on")
+        num_tokens = step_tokens(e.num_targets for e in examples)
         self.optimizer.zero_grad(set_to_none=True)
         metrics: dict[str, float] = {}
         for chunk in _chunks(examples, self.cfg.micro_batch_size):
@@ -222,7 +225,7 @@ class LocalTrainer:
         self.optimizer.step()
         self.step += 1
         return {"step": self.step, **metrics, "grad_norm": grad_norm, "lr": self.optimizer.param_groups[0]["lr"],
-                "tokens": num_tokens, "sequences": len(examples)}
+                "tokens": targets, "sequences": len(examples)}
 
     def _sft_micro_loss(self, batch: Batch, num_tokens: int) -> tuple[torch.Tensor, dict[str, float]]:
         return sft_loss(self._logprobs(self.model, batch)[0], batch.loss_mask, num_tokens=num_tokens)

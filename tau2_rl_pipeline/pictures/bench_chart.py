@@ -48,6 +48,8 @@ SPECS = (
               ("CPU per episode",), "%", 90.0),
     BenchSpec("P6", "P6 the long tail: slime's synchronous rollout step / this mode's (wall time; 0.5 s per call)",
               ("mode",), "vs sync", ("wall per step (mean)",), "x"),
+    BenchSpec("P12", "P12 async GRPO, staleness bound eta: trained tokens/s / eta 0's (the synchronous path)",
+              ("eta",), "vs eta 0", ("trained tokens / s (steps 2-6)",), "x", side_unit=" tokens/s"),
 )
 
 

@@ -47,7 +47,10 @@ from tau2_rl_pipeline.rollout.gc_policy import settle
 from tau2_rl_pipeline.rollout.offpolicy import mask_older_turns, versions_of
 from tau2_rl_pipeline.slime_plugins.awsft import is_awsft
 from tau2_rl_pipeline.slime_plugins.batch import scored_raw_rewards
+from tau2_rl_pipeline.slime_plugins.offpolicy_guard import refuse_unguarded
 from tau2_rl_pipeline.slime_plugins.partial_rollout import LiveEpisodes
+from tau2_rl_pipeline.slime_plugins.staleness import SCHEDULE_LAG, AdmissionGate, StalenessRefused, bound_rollout
+from tau2_rl_pipeline.slime_plugins.staleness import refusal as staleness_refusal
 
 logger = logging.getLogger(__name__)
 STORM_POLL_S = 0.5  # how often the asynchronous rollout looks whether an abort storm stopped the run
@@ -234,6 +237,8 @@ def fill_sample(sample, traj: Trajectory, cfg: Tau2Config, tokenizer, *, top_p: 
         "termination_reason": traj.termination_reason,
         "episode_status": traj.status,
         "turns": traj.turns,
+        "turn_spans": [list(span) for span in traj.turn_spans],  # each request's tokens and weight version:
+        "turn_versions": versions_of(traj.turn_meta),  # what the staleness bound reads (slime_plugins/staleness.py)
         "resumes": traj.resumes,
         "domain": traj.domain,
         "task_id": traj.task_id,
@@ -257,6 +262,8 @@ async def generate(args, sample, sampling_params: dict[str, Any], evaluation: bo
     Episodes that aborted for infrastructure reasons feed the abort-storm guard, which stops the run when
     rollout after rollout is mostly aborted (the error names the first failure); a task-index row written with
     another tau2 stops it at once (BenchmarkMismatch)."""
+    if not evaluation:
+        _refuse_unguarded(args)
     slime = _slime()
     meta = sample.metadata or {}
     domain, task_id = meta["domain"], meta["task_id"]
@@ -311,13 +318,45 @@ def generate_rollout_fully_async(args, rollout_id: int, data_buffer, evaluation:
     """slime's fully asynchronous rollout (`--rollout-function-path` for scripts/train_grpo.sh's async mode), which
     also stops on an abort storm: slime's worker logs and drops a group whose generate raised, so without this the
     run would wait for groups that never come. Its groups come back with metrics (the aborted count is 0: slime's
-    worker sends a group holding an aborted sample back to its buffer), which rollout_log.py adds to."""
+    worker sends a group holding an aborted sample back to its buffer), which rollout_log.py adds to, and the
+    staleness bound (TAU2_MAX_STALENESS, slime_plugins/staleness.py): new groups start only while it can hold, the
+    turns that still lag past it are masked, and the rollout/staleness/* metrics are this rollout's."""
     slime = _slime()
     if evaluation:
         return slime.fully_async_rollout(args, rollout_id, data_buffer, evaluation=True)
-    guard = storm_guard(args, _config())
-    groups = slime.run(_until_storm(slime.fully_async_coroutine(args, rollout_id, data_buffer), guard))
-    return slime.RolloutFnTrainOutput(samples=groups, metrics={})
+    _refuse_unguarded(args)  # before slime's worker starts: it would log and drop the groups whose generate raised
+    cfg = _config()
+    gate = admission_gate(args, data_buffer, cfg.max_staleness)
+    trained = gate.start_rollout(rollout_id)
+    guard = storm_guard(args, cfg)
+    groups = slime.run(_until_storm(slime.fully_async_coroutine(args, rollout_id, gate), guard))
+    return slime.RolloutFnTrainOutput(samples=groups, metrics=bound_rollout(groups, trained, cfg.max_staleness))
+
+
+@functools.lru_cache(maxsize=None)
+def _admission_gate(source, batch_groups: int, max_staleness: int, lag: int, interval: int) -> AdmissionGate:
+    return AdmissionGate(source, batch_groups, max_staleness, lag, interval)
+
+
+def admission_gate(args, data_buffer, max_staleness: int) -> AdmissionGate:
+    """The one gate over slime's data source (slime's worker keeps the source it was first given), refusing in one
+    line a bound the run's schedule cannot meet (staleness.py)."""
+    reason = staleness_refusal(max_staleness)
+    if reason is not None:
+        logger.error("%s", reason)
+        raise StalenessRefused(reason)
+    return _admission_gate(data_buffer, int(args.rollout_batch_size), max_staleness, SCHEDULE_LAG,
+                           int(getattr(args, "update_weights_interval", 1) or 1))
+
+
+def _refuse_unguarded(args) -> None:
+    """The run stops at its first call when slime's args would train older weights' turns uncorrected
+    (offpolicy_guard.py), with the reason in one line in the log too (slime's actor prints the traceback)."""
+    try:
+        refuse_unguarded(args)
+    except ValueError as e:
+        logger.error("%s", e)
+        raise
 
 
 async def _until_storm(coro, guard: AbortStormGuard):

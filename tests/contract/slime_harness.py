@@ -12,6 +12,7 @@ import copy
 import functools
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -73,7 +74,8 @@ def reset_slime() -> None:
     sglang_rollout.GenerateState.clear_instances()
     http_utils._http_client = None
     for cached in (slime_adapter._config, slime_adapter._user_factory, slime_adapter._engine,
-                   slime_adapter._storm_guard, slime_adapter._live_episodes, slime_adapter._settle_gc):
+                   slime_adapter._storm_guard, slime_adapter._live_episodes, slime_adapter._settle_gc,
+                   slime_adapter._admission_gate):
         cached.cache_clear()
     slime_adapter._trackers.clear()
 
@@ -104,6 +106,29 @@ def update_weights(server, version: str) -> None:
     engine.flush_cache()
     engine.update_weights_from_distributed([], [], [], "tau2-contract", weight_version=version)
     engine.continue_generation()
+
+
+def train_async_steps(args, steps: int, server, *, train_s: float = 0.0, source=None):
+    """slime's train_async.py schedule around the rollout function, without training: its update_weights() before
+    the first rollout (version 1, slime's numbering); then for each step r: rollout r's data, rollout r + 1
+    requested (it runs while step r trains), the training step (`train_s`, and whatever the caller does with the
+    yielded data), rollout r + 1 awaited, the weight update to version r + 2. Yields (r, rollout r's output)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from slime.rollout.data_source import RolloutDataSourceWithBuffer
+
+    source = source or RolloutDataSourceWithBuffer(args)
+    update_weights(server, "1")
+    with ThreadPoolExecutor(1) as pool:
+        upcoming = pool.submit(rollout, args, 0, source)
+        for step in range(steps):
+            output = upcoming.result()[0]
+            upcoming = pool.submit(rollout, args, step + 1, source) if step + 1 < steps else None
+            yield step, output
+            time.sleep(train_s)
+            if upcoming is not None:
+                upcoming.result()  # train_async.py awaits the next rollout before the update
+            update_weights(server, str(step + 2))
 
 
 def flat(groups) -> list:

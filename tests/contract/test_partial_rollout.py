@@ -141,7 +141,7 @@ def test_the_resumed_episode_books_the_same_tokens_as_one_never_cut(slime_env, m
     loopback.responder = TwoLengths(small_tokenizer)
     router = loopback.base_url.removeprefix("http://")
     args = slime_args(tiny_small_dir, _rows(tmp_path, [LONG, SHORT, "impossible_task_1"]), router, batch=1, n=2,
-                      extra=("--over-sampling-batch-size", "2", "--partial-rollout"))
+                      extra=("--over-sampling-batch-size", "2", "--partial-rollout", "--use-tis"))
     _, source = rollout(args, 0)
     (resumed,) = source.buffer  # LONG's group, cut
     for rollout_id in (1, 2, 3):
@@ -264,7 +264,7 @@ def test_an_episode_crossing_a_weight_update_between_turns_trains_only_the_new_w
         loopback.requests.clear()
         loopback.weight_version = "v0"
         args = _async_args(tiny_small_dir, loopback, tmp_path,
-                           extra=("--mask-offpolicy-in-partial-rollout",) if masked else ())
+                           extra=("--mask-offpolicy-in-partial-rollout",) if masked else ("--use-tis",))
         # the user's second message (after the policy's turn 2) has just arrived; it takes 0.25 s to answer
         update = _when(lambda: loopback.count(chats) >= 2, lambda: update_weights(loopback, "v1"))
         try:

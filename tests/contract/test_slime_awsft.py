@@ -74,28 +74,45 @@ SPEC = {"path": AWSFT_PATH, "vocab": 11, "kl_coef": 0.05, "entropy_coef": 0.01, 
         "ref_log_probs": [[-2.0, -2.5, -1.0], [-3.0, -2.0, -2.2, -2.4, -2.3, -2.6, -2.0]]}
 
 
-@pytest.fixture(scope="module")
-def slime_runs() -> dict:
+# the same batch plus a wholly masked sample (removed, or every turn masked as off-policy): slime keeps it in its
+# batch at mask 0, one sample of its per-sample mean and one token of its per-token count
+MASKED_SPEC = {**SPEC, "total_lengths": [*SPEC["total_lengths"], 5], "response_lengths": [*SPEC["response_lengths"], 2],
+               "loss_masks": [*SPEC["loss_masks"], [0, 0]], "per_sample": [*SPEC["per_sample"], 0.7],
+               "old_log_probs": [*SPEC["old_log_probs"], [-1.0, -2.0]],
+               "ref_log_probs": [*SPEC["ref_log_probs"], [-1.2, -2.1]]}
+
+
+def _probe(spec: dict) -> dict:
     paths = [str(MEGATRON_DIR), str(SLIME_DIR), str(SGLANG_DOUBLE), str(ROOT)]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
-    proc = subprocess.run([sys.executable, "-c", PROBE, json.dumps(SPEC)], capture_output=True, text=True, env=env,
+    proc = subprocess.run([sys.executable, "-c", PROBE, json.dumps(spec)], capture_output=True, text=True, env=env,
                           timeout=600, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def local_tensors(out: dict) -> dict[str, torch.Tensor]:
+@pytest.fixture(scope="module")
+def slime_runs() -> dict:
+    return _probe(SPEC)
+
+
+@pytest.fixture(scope="module")
+def masked_runs() -> dict:
+    return _probe(MASKED_SPEC)
+
+
+def local_tensors(out: dict, spec: dict = SPEC) -> dict[str, torch.Tensor]:
     """The same logits laid out as the local trainer holds them: one padded row per sample, position 0 of each row
     the first response token (position t of slime's packed logits predicts token t + 1)."""
     logits = torch.tensor(out["logits"])[0]
-    width = max(SPEC["response_lengths"])
+    width = max(spec["response_lengths"])
     rows: dict[str, list[torch.Tensor]] = {"logp": [], "entropy": [], "mask": [], "old": [], "ref": []}
     offset = 0
-    for toks, total, resp, mask, old, ref in zip(out["tokens"], SPEC["total_lengths"], SPEC["response_lengths"],
-                                                 SPEC["loss_masks"], SPEC["old_log_probs"], SPEC["ref_log_probs"]):
+    for toks, total, resp, mask, old, ref in zip(out["tokens"], spec["total_lengths"], spec["response_lengths"],
+                                                 spec["loss_masks"], spec["old_log_probs"], spec["ref_log_probs"]):
         positions = list(range(offset + total - resp - 1, offset + total - 1))
         targets = torch.tensor([toks[p - offset + 1] for p in positions])
-        logp, entropy = gather_logprobs(logits[positions], targets, temperature=SPEC["temperature"],
+        logp, entropy = gather_logprobs(logits[positions], targets, temperature=spec["temperature"],
                                         with_entropy=True)
         pad = width - resp
         rows["logp"].append(torch.cat([logp, torch.zeros(pad)]))
@@ -132,6 +149,35 @@ def test_awsft_locally_equals_slimes_custom_loss_for_each_reduction(slime_runs, 
     assert run["grad_norm"] > 0
 
 
+def _local_losses(t: dict[str, torch.Tensor], spec: dict, reduction: str, **totals) -> dict[str, float]:
+    advantages = torch.tensor(spec["per_sample"])[:, None]
+    grpo, _ = grpo_loss(t["logp"], t["old"], advantages, t["mask"], eps_clip=0.2, eps_clip_high=0.28,
+                        reduction=reduction, entropy=t["entropy"], entropy_coef=spec["entropy_coef"],
+                        ref_logprobs=t["ref"], kl_coef=spec["kl_coef"], **totals)
+    awsft_, _ = local_awsft_loss(t["logp"], advantages, t["mask"], reduction=reduction, ref_logprobs=t["ref"],
+                                 kl_coef=spec["kl_coef"], **totals)
+    return {"policy_loss": float(grpo), "custom_loss": float(awsft_)}
+
+
+@pytest.mark.parametrize("reduction", ["sample_mean", "token_mean"])
+def test_a_wholly_masked_sample_gives_one_loss_locally_and_on_slime(masked_runs, reduction):
+    """Issue 32: the local trainer dropped a wholly masked sample and slime kept it (sample_mean 0.2906 vs 0.2180,
+    token_mean 0.3556 vs 0.3302 on the issue's batch). Now the local trainer keeps it at mask 0, as slime does,
+    with slime's denominators (the per-token count holds it as one token: losses.step_tokens)."""
+    t = local_tensors(masked_runs, MASKED_SPEC)
+    assert not t["mask"][2].any()  # the third sample trains no token
+    local = _local_losses(t, MASKED_SPEC, reduction)
+    per_token = reduction == "token_mean"
+    for loss_type, value in local.items():
+        run = next(r for r in masked_runs["runs"] if r["loss_type"] == loss_type and r["per_token"] == per_token)
+        assert value == pytest.approx(run["value"], rel=1e-5), loss_type
+        # the earlier local reduction (the sample left out) gives another number on this batch
+        kept = [0, 1]
+        dropped = _local_losses({k: v[kept] for k, v in t.items()}, {**MASKED_SPEC, "per_sample": SPEC["per_sample"]},
+                                reduction)[loss_type]
+        assert abs(dropped - run["value"]) > 1e-3, loss_type
+
+
 # -- V*: from the difficulty stage's task rows to the weight slime trains with -------------------------------------
 
 def test_the_reference_pass_rate_reaches_slimes_samples_and_sets_their_weights(slime_env, loopback, tiny_small_dir,
@@ -156,8 +202,8 @@ def test_the_reference_pass_rate_reaches_slimes_samples_and_sets_their_weights(s
     samples = flat(rollout(args)[0].samples)
     v_star = {"create_task_1": 0.75, "update_task_1": 0.5}
     assert {s.metadata["task_id"]: s.metadata[awsft.BASELINE_KEY] for s in samples} == v_star
-    rewards = [float(s.reward) for s in samples]
-    assert len({s.metadata["raw_reward"] for s in samples}) == 2  # one task solved, the other failed
+    rewards = [s.metadata["raw_reward"] for s in samples]  # the binary task reward (TAU2_AWSFT_REWARD=task)
+    assert sorted(set(rewards)) == [0.0, 1.0]  # one task solved, the other failed
     data = train_data(args, samples)  # slime's conversion calls our reward post-process
     expected = awsft.batch_weights(rewards, [v_star[s.metadata["task_id"]] for s in samples], [True] * 4)
     assert data["rewards"] == pytest.approx(expected)

@@ -301,7 +301,8 @@ def test_an_abort_storm_stops_the_fully_async_rollout_too(slime_env, monkeypatch
         policy.faults.fail_randomly(1.0, kinds=(Fault.ERROR_500,))
         args = slime_args(tiny_small_dir, prompt_rows(tmp_path / "p.jsonl", ["create_task_1"]),
                           policy.base_url.removeprefix("http://"), batch=1, n=2,
-                          extra=("--rollout-function-path", ASYNC_ROLLOUT, "--sglang-server-concurrency", "1"))
+                          extra=("--rollout-function-path", ASYNC_ROLLOUT, "--sglang-server-concurrency", "1",
+                                 "--use-tis"))
         started = time.monotonic()
         with pytest.raises(AbortStorm, match="HTTP 500"):
             rollout(args)

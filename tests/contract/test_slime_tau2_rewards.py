@@ -112,8 +112,8 @@ def test_a_task_index_of_the_other_tau2_stops_the_run_in_one_line(slime_env, loo
     row = json.loads(rows.read_text())
     row["metadata"]["benchmark"]["tau2_version"] = other  # as `python -m tau2_rl_pipeline.benchmark.tasks` wrote it there
     rows.write_text(json.dumps(row) + "\n")
-    extra = ("--rollout-function-path", rollout_function, "--sglang-server-concurrency", "1") if rollout_function \
-        else ()
+    extra = ("--rollout-function-path", rollout_function, "--sglang-server-concurrency", "1",
+             "--use-tis") if rollout_function else ()
     args = slime_args(tiny_small_dir, rows, loopback.base_url.removeprefix("http://"), batch=1, n=2, extra=extra)
     started = time.monotonic()
     with pytest.raises(BenchmarkMismatch) as refused:
