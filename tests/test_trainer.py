@@ -28,7 +28,7 @@ from tau2_rl_pipeline.learning.losses import gather_logprobs, grpo_loss, low_var
 from tau2_rl_pipeline.local.examples import TrainExample, examples_from_trajectory, sft_example_from_chat
 from tau2_rl_pipeline.local.trainer import LocalTrainer, TrainConfig, token_logprobs
 from tau2_rl_pipeline.rollout.engines import SamplingParams, TransformersEngine
-from tau2_rl_pipeline.rollout.episode_loop import run_episode
+from tau2_rl_pipeline.rollout.episode_loop import Driver, EpisodeSpec, run_episode
 
 PPO = {"eps_clip": 0.2, "eps_clip_high": 0.28}
 
@@ -383,7 +383,8 @@ def rollout(engine, tokenizer, seed: int, temperature: float = 1.0):
     cfg = replace(Tau2Config.from_env({}), max_turns=2)
     sampling = SamplingParams(temperature=temperature, max_new_tokens=16, seed=seed,
                               stop_token_ids=(tokenizer.eos_token_id,))
-    return asyncio.run(run_episode("mock", task, engine, tokenizer, ScriptedUser(task), sampling, cfg))
+    return asyncio.run(run_episode(EpisodeSpec.from_config("mock", task, ScriptedUser(task), cfg),
+                                   Driver.from_config(engine, tokenizer, sampling, cfg)))
 
 
 @pytest.fixture(scope="module")
