@@ -80,8 +80,11 @@ def test_an_outage_is_a_one_line_judge_error_after_every_attempt(server) -> None
 
 
 def test_the_timeout_setting_cuts_a_hung_call(server) -> None:
-    server.faults.fail_next(1, Fault.HANG)  # answers after 5 s
-    client = Judge(settings(server, timeout_s=0.5, max_retries=1), sleep=lambda s: None)
+    """The hung call would answer after 10 minutes, so only the timeout ends it; the timeout leaves the retry's
+    answer seconds, however loaded the machine (a client that gives up cancels the hung handler)."""
+    server.faults.hang_s = 600.0
+    server.faults.fail_next(1, Fault.HANG)
+    client = Judge(settings(server, timeout_s=5.0, max_retries=1), sleep=lambda s: None)
     assert json.loads(client.complete(PROMPT))["results"]
     assert client.usage.failed_attempts == 1  # the hung attempt timed out; the retry answered
 
