@@ -42,6 +42,9 @@ HANG_S = 600.0  # a "slow" answer comes this late: past the client's timeout how
 USER_ENV = {"TAU2_USER_MAX_RETRIES": "2", "TAU2_USER_TIMEOUT_S": str(CLIENT_TIMEOUT_S)}
 FAST_RETRIES = {"timeout_s": CLIENT_TIMEOUT_S, "backoff_base_s": 0.02, "backoff_max_s": 0.2}
 ONE_REQUEST = {**FAST_RETRIES, "timeout_s": 1.5}  # a three-token request alone: far below this even when busy
+# the policy's own server, where the user simulator's faults are tested: no fault there, so its timeout only ends a
+# hang; a short one would abort episodes of a loaded machine as engine errors the test does not expect
+UNFAULTED_POLICY = {**FAST_RETRIES, "timeout_s": 300.0}
 USER_CLIENTS = ("litellm", "async")  # tau2's UserSimulator over litellm; the async client (user_client.py)
 USER_EPISODES = 100  # each makes one or two litellm calls, the costly part (bench/faults.py runs 200 per row)
 
@@ -160,7 +163,7 @@ def test_user_simulator_faults_end_each_episode_completed_or_aborted_unscored(se
     cfg = Tau2Config.from_env(USER_ENV)
     with faults.FaultProxy(server, rate=0.2, seed=9) as proxy:
         trajectories = asyncio.run(faults.user_fault_episodes(
-            policy_server, server, proxy.base_url, TASKS, USER_EPISODES, cfg, engine_kwargs=FAST_RETRIES,
+            policy_server, server, proxy.base_url, TASKS, USER_EPISODES, cfg, engine_kwargs=UNFAULTED_POLICY,
             client=client))
     assert set(proxy.injected) == set(faults.FAULT_KINDS)
     tally = _check_nothing_aborted_is_scored(trajectories, "user_simulator_error")
@@ -177,7 +180,7 @@ def test_the_user_simulator_retries_through_each_fault(server: LoopbackServer, p
     with faults.FaultProxy(server, rate=0.0, restart_s=0.001) as proxy:
         proxy.fail_next(2, kind)
         (traj,) = asyncio.run(faults.user_fault_episodes(policy_server, server, proxy.base_url, TASKS[:1], 1, cfg,
-                                                         engine_kwargs=FAST_RETRIES, client=client))
+                                                         engine_kwargs=UNFAULTED_POLICY, client=client))
         assert proxy.injected == {kind: 2}
         assert traj.status != ABORTED, traj.error
         assert proxy.requests >= 3  # two failed attempts, then one answered
@@ -191,7 +194,7 @@ def test_a_user_simulator_that_never_answers_aborts_the_episode_unscored(server:
     with faults.FaultProxy(server, rate=0.0) as proxy:
         proxy.fail_next(50, "error_500")
         (traj,) = asyncio.run(faults.user_fault_episodes(policy_server, server, proxy.base_url, TASKS[:1], 1, cfg,
-                                                         engine_kwargs=FAST_RETRIES, client=client))
+                                                         engine_kwargs=UNFAULTED_POLICY, client=client))
     assert traj.status == ABORTED and traj.reward_info is None
     assert traj.termination_reason == "user_simulator_error" and "injected fault" in traj.error
     assert proxy.injected["error_500"] >= 3  # retried before giving up
