@@ -42,7 +42,15 @@ from tau2_rl_pipeline.benchmark.episode import build_environment  # noqa: E402
 from tau2_rl_pipeline.benchmark.users import ScriptedUser, make_user_factory  # noqa: E402
 from tau2_rl_pipeline.config import Tau2Config  # noqa: E402
 from tau2_rl_pipeline.rollout.engines import GenerateResult, SamplingParams, SGLangEngine  # noqa: E402
-from tau2_rl_pipeline.rollout.episode_loop import ABORTED, COMPLETED, TRUNCATED, Trajectory, run_episode  # noqa: E402
+from tau2_rl_pipeline.rollout.episode_loop import (  # noqa: E402
+    ABORTED,
+    COMPLETED,
+    TRUNCATED,
+    Driver,
+    EpisodeSpec,
+    Trajectory,
+    run_episode,
+)
 from tau2_rl_pipeline.testing.loopback_server import HOST, Fault, LoopbackServer  # noqa: E402
 
 CORPUS_DIR = Path(__file__).resolve().parents[1] / "tests" / "data" / "adversarial"
@@ -256,8 +264,8 @@ async def policy_fault_episodes(server: LoopbackServer, url: str, tasks: Sequenc
     sampling = SamplingParams(temperature=1.0, max_new_tokens=max_new_tokens, stop_token_ids=(tokenizer.eos_token_id,))
     try:
         return await _gather_bounded(lambda i: run_episode(
-            "mock", tasks[i % len(tasks)], engine, tokenizer, ScriptedUser(tasks[i % len(tasks)]), sampling, cfg),
-            n, concurrency)
+            EpisodeSpec.from_config("mock", tasks[i % len(tasks)], ScriptedUser(tasks[i % len(tasks)]), cfg),
+            Driver.from_config(engine, tokenizer, sampling, cfg)), n, concurrency)
     finally:
         await engine.aclose()
 
@@ -283,8 +291,9 @@ async def user_fault_episodes(policy: LoopbackServer, user_server: LoopbackServe
     async def one(i: int) -> Trajectory:
         task = tasks[i % len(tasks)]
         environment = build_environment("mock")
-        return await run_episode("mock", task, engine, tokenizer, factory(task, environment), sampling, cfg,
-                                 environment=environment)
+        return await run_episode(EpisodeSpec.from_config("mock", task, factory(task, environment), cfg,
+                                                         environment=environment),
+                                 Driver.from_config(engine, tokenizer, sampling, cfg))
 
     try:
         return await _gather_bounded(one, n, concurrency)
@@ -406,8 +415,8 @@ async def live_bad_output_episodes(tokenizer: Any, outputs: Sequence[str], cfg: 
     sampling = SamplingParams(temperature=1.0, max_new_tokens=1 << 22, stop_token_ids=(tokenizer.eos_token_id,))
     cfg = replace(cfg, max_turns=1, max_context_len=1 << 23)
     return await _gather_bounded(lambda i: run_episode(
-        "mock", tasks[i % len(tasks)], ReplayEngine(tokenizer, outputs[i]), tokenizer,
-        ScriptedUser(tasks[i % len(tasks)]), sampling, cfg), len(outputs), concurrency)
+        EpisodeSpec.from_config("mock", tasks[i % len(tasks)], ScriptedUser(tasks[i % len(tasks)]), cfg),
+        Driver.from_config(ReplayEngine(tokenizer, outputs[i]), tokenizer, sampling, cfg)), len(outputs), concurrency)
 
 
 def _mock_tasks() -> list[Any]:

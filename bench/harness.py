@@ -40,7 +40,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable as a script from anywhere
@@ -413,7 +412,7 @@ def workers_label(workers: int, cfg: Tau2Config, blocking_user: bool, domain: st
     """--workers as run: auto (-1, the default) with what it resolved to."""
     from tau2_rl_pipeline.rollout.episode_loop import episode_threads
 
-    threads = episode_threads(replace(cfg, episode_workers=workers), blocking_user, (domain,))
+    threads = episode_threads(workers, cfg.fast_env, blocking_user, (domain,))
     return str(workers) if workers >= 0 else f"auto ({threads})"
 
 

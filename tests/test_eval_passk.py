@@ -256,7 +256,9 @@ def test_resuming_with_other_settings_is_refused(mock_run: dict, tiny_small_dir:
 # ---------------------------------------------------------------------------------------------------
 # SGLang backend against the loopback server: the request contract, concurrency, SIGKILL and resume
 
-def _poll_episodes(path: Path, proc: subprocess.Popen, least: int, timeout_s: float = 120.0) -> int:
+def _poll_episodes(path: Path, proc: subprocess.Popen, least: int, timeout_s: float = 400.0) -> int:
+    """Until the run has written `least` episodes; `timeout_s` only bounds a run that never does (a fresh
+    interpreter's imports and three episodes, on a loaded machine well within it)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and proc.poll() is None:
         if path.exists():

@@ -36,11 +36,15 @@ from bench_faults import faults  # noqa: E402  (bench/faults.py, shared by the h
 
 TASKS = load_tasks("mock", "base")
 CLIENT_TIMEOUT_S = 3.0  # generous: on 2 busy cores a queued request can take a second
-HANG_S = 5.0  # a "slow" answer comes this late: past the client's timeout
+HANG_S = 600.0  # a "slow" answer comes this late: past the client's timeout however late a loaded machine fires it
+# (it costs nothing: the client gives up at its timeout, and a client that gives up cancels the hung handler)
 # The user simulator's retry and timeout settings (proposed Tau2Config fields; ignored until they exist).
 USER_ENV = {"TAU2_USER_MAX_RETRIES": "2", "TAU2_USER_TIMEOUT_S": str(CLIENT_TIMEOUT_S)}
 FAST_RETRIES = {"timeout_s": CLIENT_TIMEOUT_S, "backoff_base_s": 0.02, "backoff_max_s": 0.2}
 ONE_REQUEST = {**FAST_RETRIES, "timeout_s": 1.5}  # a three-token request alone: far below this even when busy
+# the policy's own server, where the user simulator's faults are tested: no fault there, so its timeout only ends a
+# hang; a short one would abort episodes of a loaded machine as engine errors the test does not expect
+UNFAULTED_POLICY = {**FAST_RETRIES, "timeout_s": 300.0}
 USER_CLIENTS = ("litellm", "async")  # tau2's UserSimulator over litellm; the async client (user_client.py)
 USER_EPISODES = 100  # each makes one or two litellm calls, the costly part (bench/faults.py runs 200 per row)
 
@@ -88,7 +92,7 @@ def _check_nothing_aborted_is_scored(trajectories: list[Trajectory], reason: str
     ("error_500", 500), ("malformed", 200), ("slow", httpx.ReadTimeout)])
 def test_each_fault_reaches_the_client_as_that_failure(server: LoopbackServer, kind: str, expected: Any) -> None:
     body = {"input_ids": [5, 6, 7], "sampling_params": {"max_new_tokens": 2}, "return_logprob": True}
-    with faults.FaultProxy(server, rate=0.0) as proxy, httpx.Client(timeout=1.0) as client:
+    with faults.FaultProxy(server, rate=0.0) as proxy, httpx.Client(timeout=CLIENT_TIMEOUT_S) as client:
         proxy.fail_next(1, kind)
         if isinstance(expected, int):
             answer = client.post(proxy.base_url + "/generate", json=body)
@@ -102,7 +106,9 @@ def test_each_fault_reaches_the_client_as_that_failure(server: LoopbackServer, k
 
 
 def test_refused_is_a_restart_whose_connections_the_kernel_refuses(server: LoopbackServer) -> None:
-    with faults.FaultProxy(server, rate=0.0, restart_s=1.0) as proxy, httpx.Client(timeout=1.0) as client:
+    # down for far longer than the two requests take on any machine (the proxy's end does not wait for it)
+    with faults.FaultProxy(server, rate=0.0, restart_s=600.0) as proxy, \
+            httpx.Client(timeout=CLIENT_TIMEOUT_S) as client:
         proxy.fail_next(1, "refused")
         with pytest.raises(httpx.RemoteProtocolError):  # the request in flight dies with the server
             client.get(proxy.base_url + "/health")
@@ -112,18 +118,24 @@ def test_refused_is_a_restart_whose_connections_the_kernel_refuses(server: Loopb
 
 @pytest.mark.parametrize("kind", faults.FAULT_KINDS)
 def test_the_policy_engine_retries_through_each_fault(server: LoopbackServer, kind: str) -> None:
-    async def go(url: str) -> Any:
+    """The timeout is scaled to the machine as it is: ten times what the same request took just before, without
+    a fault (at least ONE_REQUEST's), so the answer after two faults always comes within it."""
+    async def go(url: str, timeout_s: float) -> tuple[Any, float]:
         # backoff (0.1-0.2 s, then 0.2-0.4 s) well over the proxy's restart (1 ms): a retry that came while its
         # listener was still down would fail uncounted, and the third attempt would meet the second queued fault
-        engine = SGLangEngine(url, max_retries=2, **{**ONE_REQUEST, "backoff_base_s": 0.2, "backoff_max_s": 0.4})
+        engine = SGLangEngine(url, max_retries=2, **{**ONE_REQUEST, "backoff_base_s": 0.2, "backoff_max_s": 0.4,
+                                                     "timeout_s": timeout_s})
+        started = time.monotonic()
         try:
-            return await engine.generate([5, 6, 7], SamplingParams(max_new_tokens=3))
+            return await engine.generate([5, 6, 7], SamplingParams(max_new_tokens=3)), time.monotonic() - started
         finally:
             await engine.aclose()
 
     with faults.FaultProxy(server, rate=0.0, restart_s=0.001) as proxy:
+        _, took = asyncio.run(go(proxy.base_url, HANG_S))  # the calibration: no fault queued yet
         proxy.fail_next(2, kind)
-        assert 1 <= len(asyncio.run(go(proxy.base_url)).output_ids) <= 3
+        result, _ = asyncio.run(go(proxy.base_url, max(ONE_REQUEST["timeout_s"], 10 * took)))
+        assert 1 <= len(result.output_ids) <= 3
         assert proxy.injected == {kind: 2}
 
 
@@ -151,7 +163,7 @@ def test_user_simulator_faults_end_each_episode_completed_or_aborted_unscored(se
     cfg = Tau2Config.from_env(USER_ENV)
     with faults.FaultProxy(server, rate=0.2, seed=9) as proxy:
         trajectories = asyncio.run(faults.user_fault_episodes(
-            policy_server, server, proxy.base_url, TASKS, USER_EPISODES, cfg, engine_kwargs=FAST_RETRIES,
+            policy_server, server, proxy.base_url, TASKS, USER_EPISODES, cfg, engine_kwargs=UNFAULTED_POLICY,
             client=client))
     assert set(proxy.injected) == set(faults.FAULT_KINDS)
     tally = _check_nothing_aborted_is_scored(trajectories, "user_simulator_error")
@@ -168,7 +180,7 @@ def test_the_user_simulator_retries_through_each_fault(server: LoopbackServer, p
     with faults.FaultProxy(server, rate=0.0, restart_s=0.001) as proxy:
         proxy.fail_next(2, kind)
         (traj,) = asyncio.run(faults.user_fault_episodes(policy_server, server, proxy.base_url, TASKS[:1], 1, cfg,
-                                                         engine_kwargs=FAST_RETRIES, client=client))
+                                                         engine_kwargs=UNFAULTED_POLICY, client=client))
         assert proxy.injected == {kind: 2}
         assert traj.status != ABORTED, traj.error
         assert proxy.requests >= 3  # two failed attempts, then one answered
@@ -182,7 +194,7 @@ def test_a_user_simulator_that_never_answers_aborts_the_episode_unscored(server:
     with faults.FaultProxy(server, rate=0.0) as proxy:
         proxy.fail_next(50, "error_500")
         (traj,) = asyncio.run(faults.user_fault_episodes(policy_server, server, proxy.base_url, TASKS[:1], 1, cfg,
-                                                         engine_kwargs=FAST_RETRIES, client=client))
+                                                         engine_kwargs=UNFAULTED_POLICY, client=client))
     assert traj.status == ABORTED and traj.reward_info is None
     assert traj.termination_reason == "user_simulator_error" and "injected fault" in traj.error
     assert proxy.injected["error_500"] >= 3  # retried before giving up

@@ -80,8 +80,11 @@ def test_an_outage_is_a_one_line_judge_error_after_every_attempt(server) -> None
 
 
 def test_the_timeout_setting_cuts_a_hung_call(server) -> None:
-    server.faults.fail_next(1, Fault.HANG)  # answers after 5 s
-    client = Judge(settings(server, timeout_s=0.5, max_retries=1), sleep=lambda s: None)
+    """The hung call would answer after 10 minutes, so only the timeout ends it; the timeout leaves the retry's
+    answer seconds, however loaded the machine (a client that gives up cancels the hung handler)."""
+    server.faults.hang_s = 600.0
+    server.faults.fail_next(1, Fault.HANG)
+    client = Judge(settings(server, timeout_s=5.0, max_retries=1), sleep=lambda s: None)
     assert json.loads(client.complete(PROMPT))["results"]
     assert client.usage.failed_attempts == 1  # the hung attempt timed out; the retry answered
 
@@ -209,6 +212,27 @@ def test_by_default_a_reply_scores_what_tau2_1_0_1_alone_scores_for_it(loopback_
         loopback_judge.chat_answer = judge_answer()
     assert ours.reward == tau2_alone.reward == 1.0
     assert [c.model_dump() for c in ours.nl_assertions] == [c.model_dump() for c in tau2_alone.nl_assertions]
+
+
+def test_a_run_configures_the_judge_from_its_config_and_only_when_it_has_a_judged_task(loopback_judge) -> None:
+    """Where a run reads its config (the evaluator's run_episodes, slime's generate, the local policy stage), it
+    configures the judge, not each episode: from that run's config when any of its tasks is judged (NL
+    assertions), and a run without one leaves the installed judge as it was."""
+    from tau2_rl_pipeline.benchmark.tasks import get_task
+
+    plain = get_task("mock", "create_task_1")
+    judged = plain.model_copy(update={"evaluation_criteria": plain.evaluation_criteria.model_copy(
+        update={"reward_basis": ["NL_ASSERTION"], "nl_assertions": ["The agent greets the user."]})})
+    assert needs_judge(judged) and not needs_judge(plain)
+    run = replace(loopback_judge.cfg, judge_max_retries=7)
+    try:
+        judge.configure_for(run, [plain])
+        assert judge.active().settings == JudgeSettings.from_config(loopback_judge.cfg)
+        judge.configure_for(run, [plain, judged])
+        assert judge.active().settings == JudgeSettings.from_config(run)
+        assert judge.active().settings != JudgeSettings.from_config(loopback_judge.cfg)
+    finally:
+        judge.configure(loopback_judge.cfg)
 
 
 @needs_v1

@@ -110,9 +110,12 @@ def test_retries_wait_judge_backoff_s_doubled(server, small_tokenizer, monkeypat
 
 
 def test_a_hung_judge_times_out_and_is_retried(server, small_tokenizer):
+    """The hung call would answer after 10 minutes, so only the timeout ends it; the retry has seconds to answer,
+    however loaded the machine."""
+    server.faults.hang_s = 600.0
     server.faults.fail_next(1, Fault.HANG)
     _say(server, small_tokenizer, "SCORE: 5")
-    traj = _judge(_cfg(server, TAU2_JUDGE_TIMEOUT_S="2.5"), _traj())
+    traj = _judge(_cfg(server, TAU2_JUDGE_TIMEOUT_S="5"), _traj())
     assert traj.judge_score == pytest.approx(0.5) and traj.judge_calls == 2, traj.error
 
 

@@ -3,6 +3,7 @@ project's), the original cookbook's `python3 eval/eval_passk.py` still runs, and
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -16,8 +17,15 @@ ALLOWED_LARGE = ("public/", "requirements.lock", "requirements-contract.lock")
 
 
 def test_the_wheel_installs_only_tau2_rl_pipeline(tmp_path):
+    """Built from a copy of the tracked files (an in-tree build would leave build/ in the checkout)."""
+    source = tmp_path / "source"
+    tracked = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout.decode()
+    for name in filter(None, tracked.split("\0")):
+        if (ROOT / name).is_file():
+            (source / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, source / name)
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-                    "-w", str(tmp_path), str(ROOT)], check=True, capture_output=True, timeout=300)
+                    "-w", str(tmp_path), str(source)], check=True, capture_output=True, timeout=300)
     [wheel] = tmp_path.glob("tau2_rl_pipeline-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     top = {n.split("/")[0] for n in names if not n.split("/")[0].endswith((".dist-info", ".data"))}

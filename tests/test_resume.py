@@ -11,7 +11,7 @@ from tau2_rl_pipeline.benchmark.prompting import render
 from tau2_rl_pipeline.benchmark.tasks import load_tasks
 from tau2_rl_pipeline.benchmark.users import ScriptedUser
 from tau2_rl_pipeline.rollout.engines import GenerateResult, SamplingParams
-from tau2_rl_pipeline.rollout.episode_loop import ABORTED, COMPLETED, ROLLOUT_STOPPED, run_episode
+from tau2_rl_pipeline.rollout.episode_loop import ABORTED, COMPLETED, ROLLOUT_STOPPED, Driver, EpisodeSpec, run_episode
 
 
 def _telecom_task():
@@ -44,8 +44,9 @@ class CutEngine:
 
 def _episode(task, engine, tokenizer, stop, resume=None):
     sampling = SamplingParams(temperature=1.0)
-    return asyncio.run(run_episode("telecom", task, engine, tokenizer, None if resume else ScriptedUser(task),
-                                   sampling, CFG, stop_requested=stop, resume=resume))
+    spec = EpisodeSpec.from_config("telecom", task, None if resume else ScriptedUser(task), CFG)
+    return asyncio.run(run_episode(spec, Driver.from_config(engine, tokenizer, sampling, CFG), stop_requested=stop,
+                                   resume=resume))
 
 
 def test_a_stopped_episode_resumed_is_the_whole_episode_token_for_token(qwen3_tokenizer):

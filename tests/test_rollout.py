@@ -15,7 +15,7 @@ from tau2_rl_pipeline.benchmark.tasks import get_task, load_tasks
 from tau2_rl_pipeline.benchmark.users import ScriptedUser, UserConfigError, make_user_factory
 from tau2_rl_pipeline.config import Tau2Config
 from tau2_rl_pipeline.rollout.engines import GenerateResult, SamplingParams, SGLangEngine, TransformersEngine
-from tau2_rl_pipeline.rollout.episode_loop import ABORTED, COMPLETED, TRUNCATED, run_episode
+from tau2_rl_pipeline.rollout.episode_loop import ABORTED, COMPLETED, TRUNCATED, Driver, EpisodeSpec, run_episode
 from tau2_rl_pipeline.testing.loopback_server import Fault
 
 CFG = Tau2Config.from_env({})
@@ -39,7 +39,8 @@ class ChosenTextEngine:
 
 def _run(domain, task, engine, tokenizer, cfg=CFG, user=None, **sampling):
     user = user or ScriptedUser(task)
-    return asyncio.run(run_episode(domain, task, engine, tokenizer, user, SamplingParams(**sampling), cfg))
+    return asyncio.run(run_episode(EpisodeSpec.from_config(domain, task, user, cfg),
+                                   Driver.from_config(engine, tokenizer, SamplingParams(**sampling), cfg)))
 
 
 def _check_books(traj, sampled):
@@ -204,8 +205,9 @@ def test_many_episodes_in_flight_on_one_loop(loopback, small_tokenizer, n):
 
     async def main():
         return await asyncio.gather(*[
-            run_episode("mock", t, engine, small_tokenizer, ScriptedUser(t),
-                        SamplingParams(max_new_tokens=6, stop_token_ids=(small_tokenizer.eos_token_id,)), CFG)
+            run_episode(EpisodeSpec.from_config("mock", t, ScriptedUser(t), CFG), Driver.from_config(
+                engine, small_tokenizer,
+                SamplingParams(max_new_tokens=6, stop_token_ids=(small_tokenizer.eos_token_id,)), CFG))
             for t in tasks])
 
     trajs = asyncio.run(main())
@@ -282,12 +284,13 @@ def test_auto_episode_workers_give_threads_only_where_a_user_turn_blocks(monkeyp
     assert user_blocks(litellm_user) and not user_blocks(ScriptedUser(get_task("mock", "create_task_1")))
     assert not user_blocks(None)
     mock = ("mock",)
-    assert episode_threads(auto, True, mock) == AUTO_WORKERS
-    assert episode_threads(auto, False, mock) == 0
-    assert episode_threads(auto, False, ("mock", "banking_knowledge")) == AUTO_WORKERS  # no fast path there
-    assert episode_threads(replace(auto, fast_env=False), False, mock) == AUTO_WORKERS
-    assert episode_threads(replace(auto, episode_workers=3), False, mock) == 3
-    assert episode_threads(replace(auto, episode_workers=0), True, mock) == 0  # as set (litellm refuses it)
+    assert episode_threads(auto.episode_workers, auto.fast_env, True, mock) == AUTO_WORKERS
+    assert episode_threads(auto.episode_workers, auto.fast_env, False, mock) == 0
+    assert episode_threads(auto.episode_workers, auto.fast_env, False,
+                           ("mock", "banking_knowledge")) == AUTO_WORKERS  # no fast path there
+    assert episode_threads(auto.episode_workers, False, False, mock) == AUTO_WORKERS
+    assert episode_threads(3, auto.fast_env, False, mock) == 3
+    assert episode_threads(0, auto.fast_env, True, mock) == 0  # as set (litellm refuses it)
     # the LLM user factory says which: litellm blocks, the async client does not
     assert make_user_factory("llm", Tau2Config.from_env({}, user_api_base="http://x:1/v1")).blocks
     assert not make_user_factory("llm", Tau2Config.from_env({}, user_api_base="http://x:1/v1",
@@ -359,8 +362,8 @@ def test_stop_requested_ends_the_episode_before_its_next_turn(loopback, small_to
         asked.append(1)
         return len(asked) > 1  # the rollout is stopped after the first turn
 
-    traj = asyncio.run(run_episode("mock", task, engine, small_tokenizer, ScriptedUser(task),
-                                   SamplingParams(max_new_tokens=64, stop_token_ids=(small_tokenizer.eos_token_id,)),
-                                   CFG, stop_requested=stop))
+    sampling = SamplingParams(max_new_tokens=64, stop_token_ids=(small_tokenizer.eos_token_id,))
+    traj = asyncio.run(run_episode(EpisodeSpec.from_config("mock", task, ScriptedUser(task), CFG),
+                                   Driver.from_config(engine, small_tokenizer, sampling, CFG), stop_requested=stop))
     assert traj.status == ABORTED and traj.termination_reason == "rollout_stopped" and traj.turns == 1
     assert traj.reward_info is None and loopback.count("/generate") == 1

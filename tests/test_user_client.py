@@ -26,7 +26,7 @@ from tau2_rl_pipeline.benchmark.user_client import AsyncUserSimulator, user_requ
 from tau2_rl_pipeline.benchmark.users import UserConfigError, make_user_factory, user_client_kind
 from tau2_rl_pipeline.config import Tau2Config
 from tau2_rl_pipeline.rollout.engines import SamplingParams, SGLangEngine
-from tau2_rl_pipeline.rollout.episode_loop import COMPLETED, run_episode
+from tau2_rl_pipeline.rollout.episode_loop import COMPLETED, Driver, EpisodeSpec, run_episode
 from tau2_rl_pipeline.testing.loopback_server import LoopbackServer
 
 # domain -> (task split, a read-only agent tool and its arguments)
@@ -181,9 +181,10 @@ def test_reasoning_stays_in_the_sampled_tokens(tiny_engine: Any) -> None:
         async def go():
             engine = SGLangEngine(policy_server.base_url, max_retries=0)
             try:
-                return await run_episode(domain, task, engine, tokenizer, factory(task, environment),
-                                         SamplingParams(max_new_tokens=512, stop_token_ids=(tokenizer.eos_token_id,),
-                                                        seed=SEED), cfg, environment=environment)
+                return await run_episode(
+                    EpisodeSpec.from_config(domain, task, factory(task, environment), cfg, environment=environment),
+                    Driver.from_config(engine, tokenizer, SamplingParams(
+                        max_new_tokens=512, stop_token_ids=(tokenizer.eos_token_id,), seed=SEED), cfg))
             finally:
                 await engine.aclose()
                 await factory.aclose()

@@ -33,7 +33,7 @@ import json
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -229,6 +229,15 @@ def configure(cfg: Tau2Config, **kwargs: Any) -> Judge:
             tau2_version.install_judge(judge.generate)
         _installed = judge
     return judge
+
+
+def configure_for(cfg: Tau2Config, tasks: Iterable[Any]) -> None:
+    """This run's judge, configured where the run reads its config, when tau2 judges any of its `tasks`
+    (NL assertions, tau2 1.0.1); a run with no judged task leaves the installed judge as it is."""
+    from tau2_rl_pipeline.benchmark.tau2_version import needs_judge
+
+    if any(needs_judge(t) for t in tasks):
+        configure(cfg)
 
 
 def active() -> Judge:

@@ -19,6 +19,7 @@ from typing import Any
 
 from tau2.utils.utils import get_now
 
+from tau2_rl_pipeline.benchmark import judge
 from tau2_rl_pipeline.benchmark.episode import build_environment
 from tau2_rl_pipeline.benchmark.monitors import monitors
 from tau2_rl_pipeline.benchmark.scenario import scenario_of
@@ -26,7 +27,15 @@ from tau2_rl_pipeline.benchmark.user_monitors import user_monitors
 from tau2_rl_pipeline.config import Tau2Config
 from tau2_rl_pipeline.learning.reward import partial_score
 from tau2_rl_pipeline.rollout.engines import SamplingParams, SGLangEngine
-from tau2_rl_pipeline.rollout.episode_loop import Trajectory, episode_threads, off_loop, run_episode, shared_executor
+from tau2_rl_pipeline.rollout.episode_loop import (
+    Driver,
+    EpisodeSpec,
+    Trajectory,
+    episode_threads,
+    off_loop,
+    run_episode,
+    shared_executor,
+)
 
 logger = logging.getLogger("eval_passk")
 EPISODE_ERROR = "episode_error"  # termination reason of an episode that raised (recorded as aborted)
@@ -78,7 +87,10 @@ async def run_episodes(pending: Sequence[tuple[str, Any, int]], *, engine: Any, 
     An episode that raises (tau2's evaluator does on some broken tasks) becomes an aborted record with the error,
     and the others go on.
     """
-    executor = shared_executor(episode_threads(cfg, getattr(user_factory, "blocks", False), {d for d, _, _ in pending}))
+    blocking_user = getattr(user_factory, "blocks", False)
+    executor = shared_executor(episode_threads(cfg.episode_workers, cfg.fast_env, blocking_user,
+                                               {d for d, _, _ in pending}))
+    judge.configure_for(cfg, (task for _, task, _ in pending))  # tau2 1.0.1's NL assertions: this run's judge
     gate = asyncio.Semaphore(concurrency)
 
     async def one(domain: str, task: Any, sample: int) -> None:
@@ -88,9 +100,10 @@ async def run_episodes(pending: Sequence[tuple[str, Any, int]], *, engine: Any, 
             try:
                 environment = await off_loop(executor, lambda: build_environment(
                     domain, cfg.fast_env, task=task, retrieval_variant=cfg.retrieval_variant))
-                traj = await run_episode(domain, task, engine, tokenizer, user_factory(task, environment),
-                                         replace(sampling, seed=ep_seed), cfg, environment=environment,
-                                         executor=executor)
+                spec = EpisodeSpec.from_config(domain, task, user_factory(task, environment), cfg,
+                                               environment=environment)
+                traj = await run_episode(spec, Driver.from_config(engine, tokenizer, replace(sampling, seed=ep_seed),
+                                                                  cfg, executor=executor))
                 record = episode_record(traj, sample=sample, seed=ep_seed, started_at=started, ended_at=get_now(),
                                         cfg=cfg, monitors=monitors(domain, task, traj.messages,
                                                                    traj.termination_reason))

@@ -25,6 +25,7 @@ from typing import Any, Callable
 
 import torch
 
+from tau2_rl_pipeline.benchmark import judge
 from tau2_rl_pipeline.benchmark.monitors import batch_monitors, monitors
 from tau2_rl_pipeline.benchmark.tasks import load_tasks
 from tau2_rl_pipeline.benchmark.users import ScriptedUser
@@ -39,7 +40,7 @@ from tau2_rl_pipeline.local.train_log import run_time
 from tau2_rl_pipeline.local.trainer import LocalTrainer, TrainConfig
 from tau2_rl_pipeline.metrics import is_success
 from tau2_rl_pipeline.rollout.engines import SamplingParams, TransformersEngine
-from tau2_rl_pipeline.rollout.episode_loop import ABORTED, run_episode
+from tau2_rl_pipeline.rollout.episode_loop import ABORTED, Driver, EpisodeSpec, run_episode
 from tau2_rl_pipeline.selection.difficulty import FilterStats, filter_tasks, pass_rates
 from tau2_rl_pipeline.slime_plugins.adapter import fill_sample
 
@@ -119,14 +120,16 @@ async def _rollouts(domain: str, engine, tokenizer, tasks, n: int, sampling: Sam
                     seed: int):
     """n episodes per task, in task order (slime's group layout), each with its own sampling seed; judged when
     TAU2_USE_JUDGE is on."""
+    judge.configure_for(cfg, tasks)  # tau2 1.0.1's NL assertions: this run's judge
     trajs = await asyncio.gather(*[
-        run_episode(domain, task, engine, tokenizer, ScriptedUser(task),
-                    SamplingParams(**{**sampling.__dict__, "seed": seed + g * n + i}), cfg)
+        run_episode(EpisodeSpec.from_config(domain, task, ScriptedUser(task), cfg),
+                    Driver.from_config(engine, tokenizer,
+                                       SamplingParams(**{**sampling.__dict__, "seed": seed + g * n + i}), cfg))
         for g, task in enumerate(tasks) for i in range(n)])
     if not cfg.use_judge:
         return trajs
-    async with JudgeClient(cfg) as judge:
-        return await asyncio.gather(*[judge_trajectory(t, str(tasks[k // n].user_scenario), judge)
+    async with JudgeClient(cfg) as client:
+        return await asyncio.gather(*[judge_trajectory(t, str(tasks[k // n].user_scenario), client)
                                       for k, t in enumerate(trajs)])
 
 

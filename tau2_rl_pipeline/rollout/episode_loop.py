@@ -1,6 +1,12 @@
 """The multi-turn rollout: one tau2 episode against a policy engine, token in, token out.
 
-    trajectory = await run_episode(domain, task, engine, tokenizer, user, sampling, cfg)
+    trajectory = await run_episode(EpisodeSpec.from_config(domain, task, user, cfg),
+                                   Driver.from_config(engine, tokenizer, sampling, cfg))
+
+What the episode is (`EpisodeSpec`: domain, task, user, environment, tau2's limits) and what drives it (`Driver`:
+engine, tokenizer, sampling, turn and context limits, where blocking work runs) are given apart; the loop itself
+(`_play`) is one function over them, with the start before it and tau2's evaluation after. The NL-assertion judge
+of tau2 1.0.1 is not configured here: its run configures it once (`judge.configure_for`), as it reads its config.
 
 The first prompt is the chat template over tau2's agent system prompt, the tools, and the conversation start
 as tau2's orchestrator makes it (the agent's greeting, the user's first message). Each policy turn appends the
@@ -33,15 +39,14 @@ import time
 import weakref
 from collections.abc import Callable, Iterable
 from concurrent.futures import Executor, ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
+from typing import Any
 
-from tau2.data_model.message import Message
 from tau2.data_model.simulation import RewardInfo, TerminationReason
 from tau2.data_model.tasks import Task
 from tau2.environment.environment import Environment
 from tau2.user.user_simulator import UserSimulator
 
-from tau2_rl_pipeline.benchmark import judge
 from tau2_rl_pipeline.benchmark.episode import Episode, UserSideError
 from tau2_rl_pipeline.benchmark.fast_env import has_fast_path
 from tau2_rl_pipeline.benchmark.judge import JudgeError, JudgeUsage, episode_usage
@@ -49,55 +54,12 @@ from tau2_rl_pipeline.benchmark.prompting import to_agent_chat
 from tau2_rl_pipeline.benchmark.tau2_version import BaseUser, needs_judge
 from tau2_rl_pipeline.config import Tau2Config
 from tau2_rl_pipeline.rollout.engines import Engine, EngineError, SamplingParams
-from tau2_rl_pipeline.rollout.tokens import ObservationTemplate, TokenBuffer, TopPSpans
+from tau2_rl_pipeline.rollout.tokens import ObservationTemplate, TokenBuffer
+from tau2_rl_pipeline.rollout.trajectory import Clock, LiveEpisode, Trajectory
 
 COMPLETED, TRUNCATED, ABORTED = "completed", "truncated", "aborted"
 ROLLOUT_STOPPED = "rollout_stopped"  # termination reason of an episode ended by its caller's stop_requested()
 ENGINE_ABORT = "engine_abort"  # the engine aborted a request because it was told to (no error): resumable
-
-
-@dataclass
-class Trajectory:
-    """Everything one episode produced; `prompt_ids + response_ids` is exactly what the policy saw and sampled."""
-
-    domain: str
-    task_id: str
-    prompt_ids: list[int]
-    response_ids: list[int]
-    loss_mask: list[int]
-    rollout_logprobs: list[float]
-    chat: list[dict]  # the agent's view: system prompt, then the conversation as chat messages
-    tools: list[dict]
-    messages: list[Message]  # tau2's full trajectory (both sides, user device calls included)
-    reward_info: RewardInfo | None
-    termination_reason: str
-    status: str  # completed | truncated | aborted
-    turns: int
-    timings: dict[str, float] = field(default_factory=dict)
-    error: str | None = None
-    parse_errors: int = 0
-    refused_calls: int = 0
-    unknown_tool_calls: int = 0
-    user_tool_calls_by_agent: int = 0
-    refused_call_ids: list[str] = field(default_factory=list)  # never executed: left out of tau2's replay
-    turn_meta: list[dict] = field(default_factory=list)  # per policy turn: prompt_tokens, cached_tokens, weight_version
-    turn_spans: list[tuple[int, int]] = field(default_factory=list)  # per request: its tokens in response_ids
-    top_p: TopPSpans | None = None  # each response token's top-p nucleus, when the engine was asked for it
-    judge_score: float | None = None  # an LLM judge's rubric score in [0, 1] (TAU2_USE_JUDGE), else None
-    judge_calls: int = 0  # rubric-judge requests made for this episode, retries included (TAU2_USE_JUDGE)
-    judge: dict[str, int] = field(default_factory=dict)  # NL-assertion judge calls and tokens (tau2 1.0.1)
-    resumes: int = 0  # times this episode went on after its caller had stopped it (slime's partial rollout)
-    live: LiveEpisode | None = None  # the episode's state when its caller stopped it: pass as resume= to go on
-
-    @property
-    def response_length(self) -> int:
-        return len(self.response_ids)
-
-    @property
-    def reward(self) -> float:
-        return float(self.reward_info.reward) if self.reward_info is not None else 0.0
-
-
 AUTO_WORKERS = 64  # TAU2_EPISODE_WORKERS=-1 (auto) where a user turn blocks: sized for I/O-bound litellm calls
 
 
@@ -107,15 +69,15 @@ def user_blocks(user: BaseUser | None) -> bool:
     return isinstance(user, UserSimulator) and not callable(getattr(user, "agenerate_next_message", None))
 
 
-def episode_threads(cfg: Tau2Config, blocking_user: bool, domains: Iterable[str]) -> int:
-    """TAU2_EPISODE_WORKERS with auto (-1) resolved: on the event loop (0) when nothing of an episode blocks on
-    the network and fast_env keeps the tools and evaluation of every domain run to a few milliseconds; there,
-    threads only cost GIL hand-offs that stall the loop (bench/README.md: P2, and P5's 66-68 ms stalls with 64
+def episode_threads(workers: int, fast_env: bool, blocking_user: bool, domains: Iterable[str]) -> int:
+    """TAU2_EPISODE_WORKERS (`workers`) with auto (-1) resolved: on the event loop (0) when nothing of an episode
+    blocks on the network and fast_env keeps the tools and evaluation of every domain run to a few milliseconds;
+    there, threads only cost GIL hand-offs that stall the loop (bench/README.md: P2, and P5's 66-68 ms stalls with 64
     threads against 29-36 ms with none). The NL-assertion judge's call goes to a thread whatever this says
     (`run_episode`)."""
-    if cfg.episode_workers >= 0:
-        return cfg.episode_workers
-    quick = cfg.fast_env and all(has_fast_path(d) for d in domains)  # banking_knowledge has none
+    if workers >= 0:
+        return workers
+    quick = fast_env and all(has_fast_path(d) for d in domains)  # banking_knowledge has none
     return 0 if quick and not blocking_user else AUTO_WORKERS
 
 
@@ -180,120 +142,160 @@ def turn_seed(seed: int | None, turn: int) -> int | None:
     return None if seed is None else (seed * 1_000_003 + turn) % (1 << 31)
 
 
-class _Clock:
-    def __init__(self) -> None:
-        self.totals: dict[str, float] = {}
+@dataclass(frozen=True)
+class EpisodeSpec:
+    """What the episode is: a task of a domain, the user who plays it, the environment it runs in (None: made from
+    the task), under tau2's own limits (steps, errors) and this run's tool implementation (fast_env, retrieval)."""
 
-    def add(self, key: str, seconds: float) -> None:
-        self.totals[key] = self.totals.get(key, 0.0) + seconds
+    domain: str
+    task: Task
+    user: BaseUser | None  # None when a live episode goes on (its own user goes with it)
+    max_steps: int
+    max_errors: int
+    fast_env: bool
+    retrieval_variant: str
+    environment: Environment | None = None
+
+    @classmethod
+    def from_config(cls, domain: str, task: Task, user: BaseUser | None, cfg: Tau2Config, *,
+                    environment: Environment | None = None) -> EpisodeSpec:
+        return cls(domain, task, user, cfg.max_steps, cfg.max_errors, cfg.fast_env, cfg.retrieval_variant,
+                   environment)
+
+    def make(self) -> Episode:
+        return Episode(self.domain, self.task, self.user, max_steps=self.max_steps, max_errors=self.max_errors,
+                       environment=self.environment, fast=self.fast_env, retrieval_variant=self.retrieval_variant)
+
+
+@dataclass(frozen=True)
+class Driver:
+    """What drives the episode: the policy engine and its tokenizer, the sampling, the limits that truncate it
+    (policy turns, context tokens), and where its blocking work runs: `executor`, or else threads as
+    TAU2_EPISODE_WORKERS (`workers`, -1 auto) says for this episode's user and domain."""
+
+    engine: Engine
+    tokenizer: Any
+    sampling: SamplingParams
+    max_turns: int
+    max_context_len: int
+    workers: int = -1
+    executor: Executor | None = None
+
+    @classmethod
+    def from_config(cls, engine: Engine, tokenizer: Any, sampling: SamplingParams, cfg: Tau2Config, *,
+                    executor: Executor | None = None) -> Driver:
+        return cls(engine, tokenizer, sampling, cfg.max_turns, cfg.max_context_len, cfg.episode_workers, executor)
 
 
 @dataclass
-class LiveEpisode:
-    """An episode its caller stopped, with all it needs to go on: the tau2 conversation (environment, user
-    simulator, messages), the token book, the turn count and the meta of every request so far."""
+class _Ending:
+    status: str = COMPLETED
+    reason: str | None = None
+    error: str | None = None
 
-    episode: Episode
-    system: dict
-    buf: TokenBuffer
-    asynchronous: bool  # the user's turns are awaited on the loop (user_client.py)
-    turns: int = 0
-    turn_meta: list[dict] = field(default_factory=list)
-    turn_spans: list[tuple[int, int]] = field(default_factory=list)  # [start, end) of each request's sampled ids
-    clock: _Clock = field(default_factory=_Clock)
-    open_turn: list[int] | None = None  # ids of a turn the abort cut mid-way (maybe none yet): continued on resume
-    resumes: int = 0
-
-    def mask_earlier(self) -> None:
-        """Out of the loss: every response token so far (slime's --mask-offpolicy-in-partial-rollout, which masks
-        a returned sample's earlier response: it was sampled by older weights)."""
-        self.buf.loss_mask = (0,) * len(self.buf.loss_mask)
+    def abort(self, reason: str, error: str) -> None:
+        self.status, self.reason, self.error = ABORTED, reason, error
 
 
-async def run_episode(
-    domain: str,
-    task: Task,
-    engine: Engine,
-    tokenizer,
-    user: BaseUser,
-    sampling: SamplingParams,
-    cfg: Tau2Config,
-    *,
-    environment: Environment | None = None,
-    executor: Executor | None = None,
-    stop_requested: Callable[[], bool] | None = None,
-    resume: LiveEpisode | None = None,
-) -> Trajectory:
-    """One episode; `stop_requested()` is asked before every policy turn (slime's end-of-rollout abort): when it
-    says yes, the episode ends aborted there instead of sending another request, and `Trajectory.live` holds it.
-    With `resume` (a `live` of an earlier call), that episode goes on instead (`user` and `environment` unused)."""
-    live = resume
-    if executor is None:
-        executor = shared_executor(episode_threads(cfg, user_blocks(user if live is None else live.episode.user),
-                                                   (domain,)))
-    clock = live.clock if live is not None else _Clock()
-    t_start = time.perf_counter()
+class _Work:
+    """Where an episode's work runs, each stretch timed into its clock under a key (env_s, tokenize_s, eval_s)."""
 
-    async def blocking(key: str, fn, *args, waits: bool = False):
+    def __init__(self, executor: Executor | None, clock: Clock) -> None:
+        self.executor, self.clock = executor, clock
+
+    async def blocking(self, key: str, fn, *args, waits: bool = False):
         """`fn` off the loop as `episode_workers` says; `waits`: it blocks on the network (tau2 1.0.1's judge
         over litellm, seconds), so never on the event loop, even with `episode_workers=0`."""
         t0 = time.perf_counter()
         try:
-            if waits and executor is None:
+            if waits and self.executor is None:
                 return await asyncio.to_thread(fn, *args)
-            return await off_loop(executor, fn, *args)
+            return await off_loop(self.executor, fn, *args)
         finally:
-            clock.add(key, time.perf_counter() - t0)
+            self.clock.add(key, time.perf_counter() - t0)
 
-    judged = needs_judge(task)
-    if judged:
-        judge.configure(cfg)  # tau2 1.0.1's NL assertions: this run's judge (kept when already installed)
-    template = observation_template(tokenizer)
-    status, reason, error = COMPLETED, None, None
-    if live is None:
-        episode = await blocking("env_s", lambda: Episode(domain, task, user, max_steps=cfg.max_steps,
-                                                           max_errors=cfg.max_errors, environment=environment,
-                                                           fast=cfg.fast_env,
-                                                           retrieval_variant=cfg.retrieval_variant))
-        if sampling.seed is not None and user is not None:
-            user.set_seed(sampling.seed)  # as tau2's orchestrator seeds its user with the simulation's seed
-        live = LiveEpisode(episode, {"role": "system", "content": episode.system_prompt}, TokenBuffer(),
-                           callable(getattr(user, "agenerate_next_message", None)), clock=clock)
-    else:
-        live.resumes += 1
-    episode, system, buf, asynchronous = live.episode, live.system, live.buf, live.asynchronous
-
-    async def on_loop(key: str, coro_fn, *args):
+    async def on_loop(self, key: str, coro_fn, *args):
         """An asynchronous user's turn: awaited here (its model call), the rest of the work on the loop."""
         await checkpoint()
         t0 = time.perf_counter()
         try:
             return await coro_fn(*args)
         finally:
-            clock.add(key, time.perf_counter() - t0)
+            self.clock.add(key, time.perf_counter() - t0)
 
+    async def env(self, live: LiveEpisode, name: str, *args):
+        """The episode's `name` (start, act) step: its asynchronous twin on the loop for an asynchronous user."""
+        episode = live.episode
+        if live.asynchronous:
+            return await self.on_loop("env_s", getattr(episode, "a" + name), *args)
+        return await self.blocking("env_s", getattr(episode, name), *args)
+
+
+async def run_episode(spec: EpisodeSpec, driver: Driver, *, stop_requested: Callable[[], bool] | None = None,
+                      resume: LiveEpisode | None = None) -> Trajectory:
+    """One episode; `stop_requested()` is asked before every policy turn (slime's end-of-rollout abort): when it
+    says yes, the episode ends aborted there instead of sending another request, and `Trajectory.live` holds it.
+    With `resume` (a `live` of an earlier call), that episode goes on instead (`spec.user` and `spec.environment`
+    unused). A task tau2 1.0.1 judges (NL assertions) is judged by the judge its run configured (`judge.configure`
+    where the run reads its config)."""
+    executor = driver.executor
+    if executor is None:
+        user = spec.user if resume is None else resume.episode.user
+        executor = shared_executor(episode_threads(driver.workers, spec.fast_env, user_blocks(user), (spec.domain,)))
+    work = _Work(executor, resume.clock if resume is not None else Clock())
+    t_start = time.perf_counter()
+    if resume is None:
+        live = await _start(spec, driver, work)
+    else:
+        live = resume
+        live.resumes += 1
+    ending = await _play(live, driver, work, stop_requested)
+    reward_info, judge_usage = await _score(live.episode, ending, work, judged=needs_judge(spec.task))
+    if live.asynchronous:  # env_s holds the asynchronous user's waits: kept apart, as the user's own time
+        work.clock.add("user_s", live.episode.user_wait_s)
+        work.clock.add("env_s", -live.episode.user_wait_s)
+    work.clock.add("total_s", time.perf_counter() - t_start)
+    return _trajectory(spec, live, ending, reward_info, judge_usage)
+
+
+async def _start(spec: EpisodeSpec, driver: Driver, work: _Work) -> LiveEpisode:
+    """A new tau2 conversation for `spec`, its user seeded as tau2's orchestrator seeds it (the run's seed)."""
+    episode = await work.blocking("env_s", spec.make)
+    if driver.sampling.seed is not None and spec.user is not None:
+        spec.user.set_seed(driver.sampling.seed)
+    return LiveEpisode(episode, {"role": "system", "content": episode.system_prompt}, TokenBuffer(),
+                       callable(getattr(spec.user, "agenerate_next_message", None)), clock=work.clock)
+
+
+async def _play(live: LiveEpisode, driver: Driver, work: _Work,
+                stop_requested: Callable[[], bool] | None) -> _Ending:
+    """The loop: the first prompt (unless the episode has one), then policy turn and observation until tau2 ends
+    the episode, a limit truncates it, or it is stopped or aborted."""
+    episode, buf, sampling, end = live.episode, live.buf, driver.sampling, _Ending()
+    template = observation_template(driver.tokenizer)
     try:
         if not buf.prompt_ids:
-            view = await (on_loop("env_s", episode.astart) if asynchronous else blocking("env_s", episode.start))
-            buf.set_prompt(await blocking("tokenize_s", template.first_prompt_ids, [system, *view], episode.tools))
+            view = await work.env(live, "start")
+            buf.set_prompt(await work.blocking("tokenize_s", template.first_prompt_ids, [live.system, *view],
+                                               episode.tools))
         while not episode.done:
-            room = cfg.max_context_len - len(buf)
+            room = driver.max_context_len - len(buf)
             cut = live.open_turn  # None, or the ids a cut turn has so far: this request continues that turn
-            if (cut is None and live.turns >= cfg.max_turns) or room <= 0:
-                status, reason = TRUNCATED, ("max_context_len" if room <= 0 else "max_turns")
+            if (cut is None and live.turns >= driver.max_turns) or room <= 0:
+                end.status, end.reason = TRUNCATED, ("max_context_len" if room <= 0 else "max_turns")
                 break
             if cut is not None and len(cut) >= sampling.max_new_tokens:  # the cut turn had used all its tokens
-                status, reason = TRUNCATED, "max_new_tokens"
+                end.status, end.reason = TRUNCATED, "max_new_tokens"
                 break
             await checkpoint()
             if stop_requested is not None and stop_requested():
-                status, reason, error = ABORTED, ROLLOUT_STOPPED, "the rollout was stopped before this turn"
+                end.abort(ROLLOUT_STOPPED, "the rollout was stopped before this turn")
                 break
             t0 = time.perf_counter()
-            result = await engine.generate(buf.all_ids(), replace(
+            result = await driver.engine.generate(buf.all_ids(), replace(
                 sampling, max_new_tokens=min(sampling.max_new_tokens - len(cut or ()), room),
                 seed=turn_seed(sampling.seed, len(live.turn_meta))))  # one seed per request (= per turn, uncut)
-            clock.add("generate_s", time.perf_counter() - t0)
+            work.clock.add("generate_s", time.perf_counter() - t0)
             live.turns += cut is None
             live.turn_meta.append(result.meta)
             start = len(buf.response_ids)
@@ -302,60 +304,64 @@ async def run_episode(
             turn_ids, live.open_turn = [*(cut or ()), *result.output_ids], None
             if result.finish_reason == "abort":
                 if result.abort_error is not None:  # the engine gave the request up: a failure, not a stop
-                    status, reason, error = ABORTED, "engine_error", f"the engine aborted the request: " \
-                                                                     f"{result.abort_error}"
+                    end.abort("engine_error", f"the engine aborted the request: {result.abort_error}")
                     break
                 live.open_turn = turn_ids
-                status, reason, error = ABORTED, ENGINE_ABORT, "the engine aborted the request (told to stop)"
+                end.abort(ENGINE_ABORT, "the engine aborted the request (told to stop)")
                 break
             if result.finish_reason == "length":
-                status, reason = TRUNCATED, ("max_new_tokens" if len(buf) < cfg.max_context_len else "max_context_len")
+                end.status = TRUNCATED
+                end.reason = "max_new_tokens" if len(buf) < driver.max_context_len else "max_context_len"
                 break
-            text = tokenizer.decode(turn_ids, skip_special_tokens=False)
-            step = await (on_loop("env_s", episode.aact, text) if asynchronous
-                          else blocking("env_s", episode.act, text))
+            step = await work.env(live, "act", driver.tokenizer.decode(turn_ids, skip_special_tokens=False))
             if step.done:
                 break
             closing = [] if turn_ids[-1:] == [template.end_of_turn_id] else [template.end_of_turn_id]
             buf.add_observation(closing + template.delta_ids(to_agent_chat(step.observations)))
     except EngineError as e:
-        status, reason, error = ABORTED, "engine_error", str(e)  # the engine's message counts its attempts
+        end.abort("engine_error", str(e))  # the engine's message counts its attempts
     except UserSideError as e:
-        status, reason, error = ABORTED, "user_simulator_error", str(e)
+        end.abort("user_simulator_error", str(e))
+    return end
 
-    reward_info = None
-    judge_usage = JudgeUsage()
-    if status != ABORTED:
-        # tau2 scores every run not ended by an agent or user stop as 0; truncations go through the same rule.
+
+async def _score(episode: Episode, end: _Ending, work: _Work, *,
+                 judged: bool) -> tuple[RewardInfo | None, JudgeUsage]:
+    """tau2's evaluation of an episode not aborted (tau2 scores every run not ended by an agent or user stop as 0;
+    truncations go through the same rule), with the NL-assertion judge's calls; `end` takes tau2's reason."""
+    reward_info, usage = None, JudgeUsage()
+    if end.status != ABORTED:
         try:
-            reward_info = await blocking("eval_s", _evaluate_counted, episode,
-                                         None if episode.done else TerminationReason.MAX_STEPS, judge_usage,
-                                         waits=judged)
+            reward_info = await work.blocking("eval_s", _evaluate_counted, episode,
+                                              None if episode.done else TerminationReason.MAX_STEPS, usage,
+                                              waits=judged)
         except JudgeError as e:  # tau2 1.0.1's NL-assertion judge failed for good: infrastructure, not scored
-            status, reason, error = ABORTED, "judge_error", str(e)
-    if episode.done and status != ABORTED:
-        reason = episode.termination_reason.value
-    if asynchronous:  # env_s holds the asynchronous user's waits: kept apart, as the user's own time
-        clock.add("user_s", episode.user_wait_s)
-        clock.add("env_s", -episode.user_wait_s)
-    clock.add("total_s", time.perf_counter() - t_start)
-    prompt_ids, response_ids, loss_mask, logprobs, top_p = buf.lists()
+            end.abort("judge_error", str(e))
+    if episode.done and end.status != ABORTED:
+        end.reason = episode.termination_reason.value
+    return reward_info, usage
+
+
+def _trajectory(spec: EpisodeSpec, live: LiveEpisode, end: _Ending, reward_info: RewardInfo | None,
+                judge_usage: JudgeUsage) -> Trajectory:
+    episode = live.episode
+    prompt_ids, response_ids, loss_mask, logprobs, top_p = live.buf.lists()
     return Trajectory(
-        domain=domain,
-        task_id=task.id,
+        domain=spec.domain,
+        task_id=spec.task.id,
         prompt_ids=prompt_ids,  # copies (buf.lists()): a live episode's book grows on when it is resumed
         response_ids=response_ids,
         loss_mask=loss_mask,
         rollout_logprobs=logprobs,
-        chat=[system, *episode.agent_view()],
+        chat=[live.system, *episode.agent_view()],
         tools=episode.tools,
-        messages=list(episode.messages),  # dumped to JSON only where a record needs them (tau2_rl_pipeline/eval/runner.py)
+        messages=list(episode.messages),  # dumped to JSON only where a record needs them (eval/runner.py)
         reward_info=reward_info,
-        termination_reason=reason or "unknown",
-        status=status,
+        termination_reason=end.reason or "unknown",
+        status=end.status,
         turns=live.turns,
-        timings=dict(clock.totals),
-        error=error,
+        timings=dict(live.clock.totals),
+        error=end.error,
         parse_errors=episode.parse_errors,
         refused_calls=episode.refused_calls,
         unknown_tool_calls=episode.unknown_tool_calls,
@@ -366,7 +372,7 @@ async def run_episode(
         top_p=top_p,
         judge=judge_usage.to_dict(),
         resumes=live.resumes,
-        live=live if reason in (ROLLOUT_STOPPED, ENGINE_ABORT) else None,
+        live=live if end.reason in (ROLLOUT_STOPPED, ENGINE_ABORT) else None,
     )
 
 

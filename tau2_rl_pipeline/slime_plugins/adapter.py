@@ -22,6 +22,7 @@ from dataclasses import replace
 from types import SimpleNamespace
 from typing import Any
 
+from tau2_rl_pipeline.benchmark import judge
 from tau2_rl_pipeline.benchmark.episode import build_environment
 from tau2_rl_pipeline.benchmark.monitors import monitors
 from tau2_rl_pipeline.benchmark.scenario import scenario_of
@@ -40,6 +41,8 @@ from tau2_rl_pipeline.rollout.episode_loop import (
     ENGINE_ABORT,
     ROLLOUT_STOPPED,
     TRUNCATED,
+    Driver,
+    EpisodeSpec,
     Trajectory,
     run_episode,
 )
@@ -293,7 +296,9 @@ async def generate(args, sample, sampling_params: dict[str, Any], evaluation: bo
         environment, user = None, None
         if getattr(args, "mask_offpolicy_in_partial_rollout", False):
             live.mask_earlier()  # as slime's generate_and_rm masks a returned sample's earlier response
-    traj = await run_episode(domain, task, engine, tokenizer, user, sampling, cfg, environment=environment,
+    judge.configure_for(cfg, [task])  # tau2 1.0.1's NL assertions: the judge of this run's config
+    traj = await run_episode(EpisodeSpec.from_config(domain, task, user, cfg, environment=environment),
+                             Driver.from_config(engine, tokenizer, sampling, cfg),
                              stop_requested=lambda: state.aborted, resume=live)
     if traj.termination_reason == ENGINE_ABORT or (traj.status == ABORTED and state.aborted):
         traj = replace(traj, termination_reason=ROLLOUT_STOPPED)  # a pause, or slime's abort: a cut

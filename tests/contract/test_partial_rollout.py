@@ -190,8 +190,9 @@ def test_the_registry_is_bounded_and_refuses_a_changed_sample():
     assert not registry.keep(Sample(), object(), ("mock", LONG))  # nothing to know it by
 
 
-def _when(condition, then, timeout_s: float = 60.0) -> threading.Thread:
-    """A thread that runs `then()` as soon as `condition()` holds (the test's stand-in for the trainer's clock)."""
+def _when(condition, then, timeout_s: float = 300.0) -> threading.Thread:
+    """A thread that runs `then()` as soon as `condition()` holds (the test's stand-in for the trainer's clock);
+    `timeout_s` only ends the wait of a run that never gets there, far beyond what a loaded machine takes."""
     def watch() -> None:
         deadline = time.monotonic() + timeout_s
         while not condition() and time.monotonic() < deadline:

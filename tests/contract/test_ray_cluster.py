@@ -73,13 +73,17 @@ def processes_of(temp_dir: str) -> list[int]:
 
 
 def tear_down(temp_dir: str) -> None:
-    for sig in (signal.SIGTERM, signal.SIGKILL):
+    """SIGTERM, then SIGKILL to what is left; each waits until the cluster's processes are gone (the event), bounded
+    only so that one that never goes fails the test instead of hanging it."""
+    for sig, patience_s in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 120.0)):
         for pid in processes_of(temp_dir):
             try:
                 os.kill(pid, sig)
             except ProcessLookupError:
                 pass
-        time.sleep(1.0)
+        deadline = time.monotonic() + patience_s
+        while processes_of(temp_dir) and time.monotonic() < deadline:
+            time.sleep(0.1)
     assert not processes_of(temp_dir)
     shutil.rmtree(temp_dir, ignore_errors=True)
 

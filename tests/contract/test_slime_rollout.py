@@ -9,7 +9,6 @@ from __future__ import annotations
 import gc
 import json
 import re
-import time
 
 import pytest
 from slime_harness import FILTER, LOG, flat, prompt_rows, reset_slime, rollout, slime_args, train_data
@@ -303,11 +302,9 @@ def test_an_abort_storm_stops_the_fully_async_rollout_too(slime_env, monkeypatch
                           policy.base_url.removeprefix("http://"), batch=1, n=2,
                           extra=("--rollout-function-path", ASYNC_ROLLOUT, "--sglang-server-concurrency", "1",
                                  "--use-tis"))
-        started = time.monotonic()
-        with pytest.raises(AbortStorm, match="HTTP 500"):
+        with pytest.raises(AbortStorm, match="HTTP 500"):  # raised, not waited for: a wait is pytest's timeout
             rollout(args)
         reset_slime()  # the worker stops while the server is still up
-    assert time.monotonic() - started < 60
 
 
 ROLLOUT_LOG = "tau2_rl_pipeline.slime_plugins.rollout_log.log_rollout_data"
