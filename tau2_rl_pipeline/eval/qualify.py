@@ -224,11 +224,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--against", type=Path, action="append", default=[], metavar="OTHER.json",
                    help="another simulator's qualification: a task is a task fault only if it fails there too")
     p.add_argument("--output", type=Path, default=Path("outputs/qualify/user.json"), help="summary JSON path")
-    p.add_argument("--check", type=Path, default=None, metavar="SUMMARY.json",
+    g = p.add_argument_group("the GRPO gate (scripts/train_grpo.sh runs it)", more=True)
+    g.add_argument("--check", type=Path, default=None, metavar="SUMMARY.json",
                    help="only check that a finished qualification covers this run (TAU2_USER_* settings, tau2 "
                         "version, --run-tasks' domains and splits, else --domains x --task-split) within "
-                        "--max-failure-rate (scripts/train_grpo.sh; eval/qualify_gate.py)")
-    p.add_argument("--run-tasks", type=Path, default=None, metavar="TASKS.jsonl",
+                        "--max-failure-rate (eval/qualify_gate.py)")
+    g.add_argument("--run-tasks", type=Path, default=None, metavar="TASKS.jsonl",
                    help="with --check: the GRPO task index whose domains and splits the qualification must cover")
     add_config_args(p)
     return p
