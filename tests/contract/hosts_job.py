@@ -40,6 +40,16 @@ from parse_argv import parse_slime  # noqa: E402
 WAIT_S = 600
 
 
+def answer_gpus_as_cuda() -> None:
+    """Ray's worker setup hook for this job: slime asks its accelerator for the visible index of an engine's base GPU
+    (`_compute_server_args`: `accelerator.resolve_visible_device_id`); with no CUDA runtime here, the CUDA backend's
+    own mapping (its CUDA_VISIBLE_DEVICES rule) answers, as on the GPU nodes (the bundles' GPUs are Ray resources)."""
+    from slime.utils import accelerator
+    from slime.utils.accelerator.cuda import CUDAAccelerator
+
+    accelerator.resolve_visible_device_id = CUDAAccelerator().resolve_visible_device_id
+
+
 def submitted(argv: list[str]) -> tuple[dict, list[str]]:
     """(runtime env, the entrypoint's argv after the script) of `ray job submit [options] -- python SCRIPT ARGV`."""
     cut = argv.index("--")
@@ -157,7 +167,7 @@ def main() -> None:
     os.environ.update(env_vars)  # as Ray's job API gives the entrypoint its runtime env
     records = Path(os.environ["HOSTS_JOB_RECORDS"])
     # the SGLang double stands in for the SGLang package of the image on every node
-    env_vars["PYTHONPATH"] = f"{env_vars['PYTHONPATH']}{os.pathsep}{SGLANG_DOUBLE}"
+    env_vars["PYTHONPATH"] = os.pathsep.join((env_vars["PYTHONPATH"], str(SGLANG_DOUBLE), str(HERE)))
     env_vars["SGLANG_DOUBLE_RECORDS"] = str(records)
     jobs = [(os.environ.get("HOSTS_JOB_NAME", "job"), argv)]
     if os.environ.get("HOSTS_JOB_MORE"):
@@ -169,7 +179,7 @@ def main() -> None:
 
     argparse.ArgumentParser.parse_known_args = parse_argv._recording_parse_known_args  # as parse_argv.main does
     ray.init(address="auto", _node_ip_address=os.environ["MASTER_ADDR"], log_to_driver=False,
-             runtime_env={"env_vars": env_vars})
+             runtime_env={"env_vars": env_vars, "worker_process_setup_hook": "hosts_job.answer_gpus_as_cuda"})
     reports = [run_one(name, job_argv, records, int(os.environ.get("HOSTS_JOB_ROLLOUTS", "1")))
                for name, job_argv in jobs]
     Path(os.environ["HOSTS_JOB_OUT"]).write_text(json.dumps(reports, indent=1))

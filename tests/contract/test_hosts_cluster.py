@@ -91,14 +91,27 @@ def without_num_gpus_per_node(argv: list[str]) -> list[str]:
     return argv[:i] + argv[i + 2:]
 
 
+def megatron_checkpoint_files(path: Path) -> None:
+    """The files of a torch_dist checkpoint as slime's converter leaves it (tracker `release`, Megatron's
+    dist_checkpointing files): no weights are loaded here, the cluster check reads that they are all there."""
+    (path / "release").mkdir(parents=True)
+    (path / "latest_checkpointed_iteration.txt").write_text("release")
+    (path / "release/metadata.json").write_text(json.dumps({"sharded_backend": "torch_dist",
+                                                             "sharded_backend_version": 1}))
+    for name in ("common.pt", ".metadata", "__0_0.distcp"):
+        (path / "release" / name).write_bytes(b"\0" * 16)
+
+
 @pytest.fixture(scope="module", params=list(LAYOUTS))
 def run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, tiny_small_dir: Path) -> Iterator[dict]:
     """One cluster per layout: the hosts, train_grpo.sh's real run on them, and the job's reports."""
     n, layout, gpus = LAYOUTS[request.param]
     shared = tmp_path_factory.mktemp(f"hosts{request.param}") / "shared"
     out = shared / "out"
-    for d in ("home", "engines", "out/checkpoints/rft", "out/models/tiny_torch_dist", "out/data/tasks"):
+    for d in ("home", "engines", "out/data/tasks"):
         (shared / d).mkdir(parents=True)
+    for ckpt in ("out/checkpoints/rft", "out/models/tiny_torch_dist"):
+        megatron_checkpoint_files(shared / ckpt)
     shutil.copytree(tiny_small_dir, out / "models/tiny")
     prompt_rows(out / "data/tasks/tau2_train_all_tasks.jsonl", ["0", "1"])
     (out / "data/sft_seed.jsonl").write_text(json.dumps({"messages": [{"role": "user", "content": "hi"},
