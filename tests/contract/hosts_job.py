@@ -111,10 +111,10 @@ def engines_and_rollouts(args, pgs, records: Path, rollouts: int) -> dict:
             node, _ = ray.get(engine._get_current_node_ip_and_free_port.remote(), timeout=60)
             out["engines"].append({"rank": rank, "url": url, "actor_node": node})
         for rollout_id in range(rollouts):
-            refs = ray.get(manager.generate.remote(rollout_id), timeout=WAIT_S)
-            data = ray.get(refs[0].inner if hasattr(refs[0], "inner") else refs[0], timeout=60)
-            out["rollouts"].append({"id": rollout_id, "samples": len(data["tokens"]),
-                                    "response_tokens": [int(n) for n in data["response_lengths"]]})
+            boxes = ray.get(manager.generate.remote(rollout_id), timeout=WAIT_S)  # one per data-parallel rank
+            shards = [ray.get(box.inner, timeout=60) for box in boxes]
+            out["rollouts"].append({"id": rollout_id, "samples": len(shards[0]["total_lengths"]),
+                                    "response_tokens": [int(n) for s in shards for n in s["response_lengths"]]})
     except Exception as exc:  # noqa: BLE001 - the report carries it (the planted argv's engines cannot start)
         out["error"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}"
     finally:

@@ -26,13 +26,20 @@ def _record(record: dict) -> None:
 
 
 def launch_server(server_args, *args, **kwargs) -> None:
-    from tau2_rl_pipeline.testing.loopback_server import LoopbackServer
-
     record = {"hostname": socket.gethostname(), "pid": os.getpid(), "host": server_args.host,
               "port": server_args.port, "nccl_port": server_args.nccl_port,
               "dist_init_addr": server_args.dist_init_addr, "base_gpu_id": server_args.base_gpu_id,
               "node_rank": server_args.node_rank, "error": None}
     parent = os.getppid()
+    try:  # the address first, before the model loads: a foreign one fails at once
+        with socket.socket(socket.AF_INET6 if ":" in server_args.host else socket.AF_INET) as probe:
+            probe.bind((server_args.host, server_args.port))
+    except OSError as exc:
+        record["error"] = str(exc)
+        _record(record)
+        raise SystemExit(1) from None
+    from tau2_rl_pipeline.testing.loopback_server import LoopbackServer
+
     try:
         server = LoopbackServer.from_model_dir(server_args.model_path, host=server_args.host, port=server_args.port,
                                                seed=server_args.random_seed)
