@@ -90,7 +90,7 @@ class Host:
         return ["nsenter", "-t", str(self.init_pid), "-n", "-m", "-u", "-p", "--", *argv]
 
     def run(self, argv: list[str], **kwargs) -> subprocess.CompletedProcess:
-        return subprocess.run(self.command(argv), **kwargs)
+        return subprocess.run(self.command(argv), check=kwargs.pop("check", False), **kwargs)
 
     def popen(self, argv: list[str], **kwargs) -> subprocess.Popen:
         return subprocess.Popen(self.command(argv), **kwargs)

@@ -33,9 +33,9 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
-from contract_tier import SGLANG_DOUBLE  # noqa: E402  (slime, Megatron-LM and the SGLang double on sys.path)
-import parse_argv  # noqa: E402
-from parse_argv import parse_slime  # noqa: E402
+import parse_argv  # (these three: slime, Megatron-LM and the SGLang double on sys.path by contract_tier)
+from contract_tier import SGLANG_DOUBLE
+from parse_argv import parse_slime
 
 WAIT_S = 600
 
@@ -133,7 +133,6 @@ def _engine_actors() -> list[dict]:
 
 
 def run_one(name: str, argv: list[str], records: Path, rollouts: int) -> dict:
-    import ray
     from ray.util.placement_group import remove_placement_group
     from slime.ray.placement_group import create_placement_groups
 
@@ -175,7 +174,6 @@ def main() -> None:
     import argparse
 
     import ray
-    import ray.util.state  # noqa: F401
 
     argparse.ArgumentParser.parse_known_args = parse_argv._recording_parse_known_args  # as parse_argv.main does
     ray.init(address="auto", _node_ip_address=os.environ["MASTER_ADDR"], log_to_driver=False,

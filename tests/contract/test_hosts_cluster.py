@@ -135,9 +135,10 @@ def run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
              "--host", hosts.addresses[-1], "--port", str(USER_SIM_PORT), "--model-name", "tiny", "--seed", "0"],
             env={**env, "PYTHONPATH": str(ROOT)}, stdout=log, stderr=subprocess.STDOUT)
         log.close()
-        probe = hosts.hosts[0].run(["sh", "-c", f"for i in $(seq 360); do curl -fs -o /dev/null "
-                                    f"http://{hosts.addresses[-1]}:{USER_SIM_PORT}/v1/models && exit 0; sleep 0.5; "
-                                    "done; exit 1"], check=False)
+        models = f"http://{hosts.addresses[-1]}:{USER_SIM_PORT}/v1/models"  # from the head, across the bridge
+        probe = hosts.hosts[0].run(
+            ["sh", "-c", f"for i in $(seq 720); do curl -fs -o /dev/null {models} && exit 0; sleep 0.5; done; exit 1"],
+            check=False)
         assert probe.returncode == 0, (shared / "user_sim.log").read_text()[-2000:]
         dry = {**env, "DRY_RUN": "1"}
         sync = job_argv(on_head(hosts, "train_grpo.sh", dry, 120), "train.py")

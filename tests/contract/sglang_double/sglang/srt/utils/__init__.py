@@ -6,7 +6,7 @@ import os
 import signal
 
 
-def kill_process_tree(parent_pid, include_parent: bool = True, skip_pid: int = None):
+def kill_process_tree(parent_pid, include_parent: bool = True, skip_pid: int | None = None):
     """SGLang's (sglang/srt/utils/common.py): kill a process's children, then the process; None means this one."""
     import psutil
 
