@@ -89,6 +89,9 @@ def train_actors(args, pgs) -> list[dict]:
 
     group = allocate_train_group(args, args.actor_num_nodes, args.actor_num_gpus_per_node, pgs["actor"],
                                  actor_cls=Probe)
+    # RayTrainGroup.create() up to its actors' init (which starts torch.distributed on the GPUs): the actors in their
+    # bundles, rank 0 choosing the master address the others get
+    group._allocate_gpus_for_actor(group._pg, group._num_gpus_per_actor)
     try:
         return ray.get([a.where.remote() for a in group._actor_handlers], timeout=WAIT_S)
     finally:
@@ -102,6 +105,7 @@ def engines_and_rollouts(args, pgs, records: Path, rollouts: int) -> dict:
     from slime.ray.utils import add_default_ray_env_vars
 
     out: dict = {"engines": [], "rollouts": [], "error": None}
+    engines: list = []
     manager = RolloutManager.options(num_cpus=1, num_gpus=0,
                                      runtime_env={"env_vars": add_default_ray_env_vars()}).remote(args, pgs["rollout"])
     try:
@@ -119,17 +123,16 @@ def engines_and_rollouts(args, pgs, records: Path, rollouts: int) -> dict:
         out["error"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}"
     finally:
         ray.kill(manager)
-    deadline = time.monotonic() + 60  # the engines die with their owner, the doubles with their engine
-    while time.monotonic() < deadline and any(a["State"] != "DEAD" for a in _engine_actors()):
-        time.sleep(0.5)
     out["records"] = [json.loads(p.read_text()) for p in sorted(records.glob("*.json"))]
+    deadline = time.monotonic() + 60  # the engines die with their owner (the doubles with their engine)
+    for engine in engines:
+        while time.monotonic() < deadline:
+            try:
+                ray.get(engine.get_url.remote(), timeout=5)
+            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+                break
+            time.sleep(0.5)
     return out
-
-
-def _engine_actors() -> list[dict]:
-    from ray.util.state import list_actors
-
-    return [a for a in list_actors(limit=1000) if a["class_name"] in ("SGLangEngine", "RolloutManager")]
 
 
 def run_one(name: str, argv: list[str], records: Path, rollouts: int) -> dict:
