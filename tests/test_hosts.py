@@ -16,7 +16,7 @@ import pytest
 from tau2_rl_pipeline.testing import hosts as hosts_mod
 
 WHY_NOT = hosts_mod.unavailable()
-pytestmark = pytest.mark.skipif(WHY_NOT is not None, reason=f"namespaced hosts skipped: {WHY_NOT}")
+needs_namespaces = pytest.mark.skipif(WHY_NOT is not None, reason=f"namespaced hosts skipped: {WHY_NOT}")
 
 BIND = "import socket, sys; socket.socket().bind((sys.argv[1], 0))"
 
@@ -26,6 +26,7 @@ def own_network() -> str:
         subprocess.run(["ip", "route"], capture_output=True, text=True, check=True).stdout
 
 
+@needs_namespaces
 def test_hosts_are_separate_and_leave_nothing_behind(tmp_path: Path) -> None:
     import sys
 
@@ -70,6 +71,7 @@ def test_hosts_are_separate_and_leave_nothing_behind(tmp_path: Path) -> None:
     assert (shared / "data.txt").read_text() == "same on every host"  # the shared directory itself is kept
 
 
+@needs_namespaces
 def test_a_run_whose_owner_died_is_swept(tmp_path: Path) -> None:
     import sys
 
@@ -79,5 +81,38 @@ def test_a_run_whose_owner_died_is_swept(tmp_path: Path) -> None:
     run_id = proc.stdout.strip()
     assert (hosts_mod.RUNS_DIR / run_id).exists()
     assert run_id in hosts_mod.sweep()
+    names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
+    assert run_id not in names and not (hosts_mod.RUNS_DIR / run_id).exists()
+
+
+def test_the_loopback_server_binds_only_loopback_or_a_namespaced_hosts_address(capsys) -> None:
+    """It has no authentication: a test host's address (198.18.0.0/15, reachable only between the namespaced hosts)
+    is allowed besides loopback; any other address is refused in one line before anything loads."""
+    from tau2_rl_pipeline.testing.loopback_server import main, serves_only_tests
+
+    assert serves_only_tests("127.0.0.1") and serves_only_tests("198.18.0.3") and serves_only_tests("198.19.255.1")
+    assert not serves_only_tests("10.0.0.1") and not serves_only_tests("0.0.0.0") and not serves_only_tests("host")
+    with pytest.raises(SystemExit) as stopped:
+        main(["--model", "/nonexistent", "--host", "0.0.0.0"])
+    assert stopped.value.code == 2
+    assert capsys.readouterr().err.startswith("error: --host 0.0.0.0: only loopback or a namespaced test host's")
+
+
+@needs_namespaces
+def test_the_documented_commands_start_use_and_remove_hosts(tmp_path: Path) -> None:
+    """docs/multi-node.md's `up`, `exec` and `down`, as typed there."""
+    import sys
+
+    cli = [sys.executable, "-m", "tau2_rl_pipeline.testing.hosts"]
+    up = subprocess.run([*cli, "up", "--hosts", "2", "--shared", str(tmp_path)], capture_output=True, text=True,
+                        check=True, timeout=120)
+    run_id = up.stdout.split()[1]
+    try:
+        assert f"exec {run_id} 0 -- bash" in up.stdout and "RAY_SSH='ssh -F /var/tmp/" in up.stdout
+        seen = subprocess.run([*cli, "exec", run_id, "1", "--", "hostname", "-I"], capture_output=True, text=True,
+                              check=True, timeout=60)
+        assert seen.stdout.split() == ["198.18.0.2"]
+    finally:
+        subprocess.run([*cli, "down", run_id], check=True, timeout=120)
     names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
     assert run_id not in names and not (hosts_mod.RUNS_DIR / run_id).exists()

@@ -323,7 +323,11 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     if args.cmd == "up":
         Path(args.shared).mkdir(parents=True, exist_ok=True)
-        hosts = Hosts(args.hosts, args.shared, run_id=f"t2h{os.getpid()}", owned=False).up()
+        try:
+            hosts = Hosts(args.hosts, args.shared, run_id=f"t2h{os.getpid()}", owned=False).up()
+        except (RuntimeError, ValueError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
         first = hosts.hosts[0].address
         hostfile = hosts.base / "hostfile"
         hostfile.write_text("".join(f"{a} slots=8\n" for a in hosts.addresses))
@@ -337,6 +341,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "down":
         _teardown(args.run_id)
         return 0
+    if not (RUNS_DIR / args.run_id / "state.json").exists():
+        print(f"error: no hosts {args.run_id} are up (python -m tau2_rl_pipeline.testing.hosts up ...)", file=sys.stderr)
+        return 1
     hosts = Hosts.attach(args.run_id)
     command = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
     return hosts.hosts[args.host].run(command or ["bash"], check=False).returncode
