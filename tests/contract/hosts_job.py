@@ -114,6 +114,11 @@ def engines_and_rollouts(args, pgs, records: Path, rollouts: int) -> dict:
             url = ray.get(engine.get_url.remote(), timeout=60)
             node, _ = ray.get(engine._get_current_node_ip_and_free_port.remote(), timeout=60)
             out["engines"].append({"rank": rank, "url": url, "actor_node": node})
+        # what slime's train actors tell the manager once Megatron is up (megatron_utils/actor.py): its split of the
+        # rollout into data-parallel shards follows it
+        ray.get(manager.set_train_parallel_config.remote({
+            "dp_size": args.data_parallel_size, "cp_size": args.context_parallel_size, "vpp_size": 1,
+            "microbatch_group_size_per_vp_stage": 1}), timeout=60)
         for rollout_id in range(rollouts):
             boxes = ray.get(manager.generate.remote(rollout_id), timeout=WAIT_S)  # one per data-parallel rank
             shards = [ray.get(box.inner, timeout=60) for box in boxes]
