@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import sys
 import time
 import traceback
@@ -105,7 +106,6 @@ def engines_and_rollouts(args, pgs, records: Path, rollouts: int) -> dict:
     from slime.ray.utils import add_default_ray_env_vars
 
     out: dict = {"engines": [], "rollouts": [], "error": None}
-    engines: list = []
     manager = RolloutManager.options(num_cpus=1, num_gpus=0,
                                      runtime_env={"env_vars": add_default_ray_env_vars()}).remote(args, pgs["rollout"])
     try:
@@ -129,15 +129,18 @@ def engines_and_rollouts(args, pgs, records: Path, rollouts: int) -> dict:
     finally:
         ray.kill(manager)
     out["records"] = [json.loads(p.read_text()) for p in sorted(records.glob("*.json"))]
-    deadline = time.monotonic() + 60  # the engines die with their owner (the doubles with their engine)
-    for engine in engines:
-        while time.monotonic() < deadline:
-            try:
-                ray.get(engine.get_url.remote(), timeout=5)
-            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
-                break
+    # the engines die with their owner, the doubles with their engine: the next argv's engines take the same ports
+    deadline = time.monotonic() + 120
+    for rec in out["records"]:
+        while rec["error"] is None and time.monotonic() < deadline and _answers(rec["host"], rec["port"]):
             time.sleep(0.5)
     return out
+
+
+def _answers(host: str, port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(5)
+        return s.connect_ex((host, port)) == 0
 
 
 def run_one(name: str, argv: list[str], records: Path, rollouts: int) -> dict:
