@@ -33,6 +33,7 @@ def launch_server(server_args, *args, **kwargs) -> None:
     parent = os.getppid()
     try:  # the address first, before the model loads: a foreign one fails at once
         with socket.socket(socket.AF_INET6 if ":" in server_args.host else socket.AF_INET) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server's own bind (aiohttp, uvicorn)
             probe.bind((server_args.host, server_args.port))
     except OSError as exc:
         record["error"] = str(exc)
