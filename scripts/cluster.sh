@@ -184,9 +184,13 @@ cluster_placement() {
   export ACTOR_NUM_NODES ACTOR_GPUS_PER_NODE ROLLOUT_NUM_GPUS
 }
 
-# slime's placement flags for the layout cluster_placement set, one per line.
+# slime's placement flags for the layout cluster_placement set, one per line. --num-gpus-per-node on every stage:
+# slime's default is 8, and its rollout-engine address allocation (slime/ray/rollout.py,
+# _allocate_rollout_engine_addr_and_ports_normal) counts that many GPUs as one node, so with fewer Ray GPUs per node
+# the engines of the next node(s) would be given this node's host, ports and dist_init_addr.
 placement_flags() {
-  printf '%s\n' --actor-num-nodes "${ACTOR_NUM_NODES}" --actor-num-gpus-per-node "${ACTOR_GPUS_PER_NODE}"
+  printf '%s\n' --actor-num-nodes "${ACTOR_NUM_NODES}" --actor-num-gpus-per-node "${ACTOR_GPUS_PER_NODE}" \
+    --num-gpus-per-node "${GPUS_PER_NODE}"
   case "${PLACEMENT_MODE}" in
     colocate) printf '%s\n' --colocate ;;  # slime makes the rollout's GPUs the actor's
     split) printf '%s\n' --rollout-num-gpus "${ROLLOUT_NUM_GPUS}" ;;

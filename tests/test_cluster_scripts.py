@@ -128,6 +128,23 @@ def test_async_grpo_gives_the_actor_the_first_nodes_and_the_rollout_the_rest(tmp
     assert all("SGLang engines" in line and "actor" not in line for line in lines[actor_nodes:])
 
 
+@pytest.mark.parametrize("script, env", [("train_grpo.sh", {}), ("train_grpo.sh", {"GRPO_ASYNC": "1"}),
+                                         ("train_sft.sh", {}), ("train_rft.sh", {})])
+@pytest.mark.parametrize("nodes, layout, per_node", [(1, "8", "4"), (2, "8", "4"), (4, "4", "2")])
+def test_every_stage_tells_slime_the_gpus_of_a_node(tmp_path: Path, script: str, env: dict[str, str], nodes: int,
+                                                   layout: str, per_node: str) -> None:
+    """slime's --num-gpus-per-node (default 8) is what its rollout-engine address allocation counts as one node: with
+    4 or 2 Ray GPUs per node and the default, the engines of the second node were given the head's host."""
+    extra = {"TAU2_GPU_LAYOUT": layout, **env}
+    if nodes == 1:
+        result = dry(script, tmp_path, **extra)
+    else:
+        hosts = hostfile(tmp_path, MASTER, *[f"{w} slots={per_node}" for w in workers(nodes)])
+        result = dry(script, tmp_path, HOSTFILE=hosts, **NETWORK, **extra)
+    (job,) = [c for c in result.commands if any(a.endswith(("/train.py", "/train_async.py")) for a in c)]
+    assert job.count("--num-gpus-per-node") == 1 and flags(job)["--num-gpus-per-node"] == per_node
+
+
 def test_the_plan_follows_slimes_order_by_node_ip(tmp_path: Path) -> None:
     """slime sorts its placement group's GPUs by node IP as numbers: 10.0.0.9 before the head 10.0.0.10."""
     net = {**NETWORK, "MASTER_ADDR": "10.0.0.10", "SLIME_HOST_IP": "10.0.0.10"}

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import ipaddress
 import itertools
 import json
 import random
@@ -34,8 +35,19 @@ from tau2_rl_pipeline.rollout.engines import GenerateResult, SamplingParams, Sto
 
 HOST = "127.0.0.1"  # loopback only: this server has no authentication
 LOOPBACK_HOSTS = ("127.0.0.1", "::1")
+# Also the benchmarking range (RFC 2544), never routed: the namespaced hosts of testing/hosts.py, which only each other
+# reach, give their servers addresses there.
+TEST_HOSTS = ipaddress.ip_network("198.18.0.0/15")
 PREFIX_CACHE_PROMPTS = 256  # recent prompts a request's cached prefix is looked up in (as SGLang's radix cache)
 SGLANG_DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's default when sampling_params omits max_new_tokens
+
+
+def serves_only_tests(host: str) -> bool:
+    """A loopback address, or one of the namespaced test hosts' (reachable from no real network)."""
+    try:
+        return host in LOOPBACK_HOSTS or ipaddress.ip_address(host) in TEST_HOSTS
+    except ValueError:
+        return False
 
 
 class Fault(str, Enum):
@@ -172,8 +184,9 @@ class LoopbackServer:
                  host: str = HOST) -> None:
         if engine.tokenizer is None:
             raise ValueError("the loopback server needs an engine with a tokenizer (to render chats and text)")
-        if host not in LOOPBACK_HOSTS:
-            raise ValueError(f"host must be a loopback address {LOOPBACK_HOSTS}, got {host!r} (no authentication)")
+        if not serves_only_tests(host):
+            raise ValueError(f"host must be a loopback address {LOOPBACK_HOSTS} or one of the namespaced test hosts' "
+                             f"{TEST_HOSTS}, got {host!r} (no authentication)")
         self.host = host
         self.engine = engine
         self.tokenizer = engine.tokenizer
@@ -254,6 +267,7 @@ class LoopbackServer:
         app.router.add_post("/generate", self._generate)
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_get("/health", self._health)
+        app.router.add_get("/health_generate", self._health)  # what slime's engine waits for after a launch
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/get_model_info", self._model_info)
         app.router.add_get("/workers", self._workers)
@@ -522,16 +536,22 @@ class LoopbackServer:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", required=True, help="HF model directory (weights + tokenizer)")
-    parser.add_argument("--port", type=int, default=30000, help="port on 127.0.0.1 (0 = any free port)")
+    parser.add_argument("--port", type=int, default=30000, help="port (0 = any free port)")
+    parser.add_argument("--host", default=HOST, help=f"127.0.0.1, or a namespaced test host's address in {TEST_HOSTS}")
     parser.add_argument("--model-name", default=None, help="name served by /v1/models (default: directory name)")
     parser.add_argument("--latency-s", type=float, default=0.0, help="extra delay added to every model request")
     parser.add_argument("--default-max-tokens", type=int, default=64,
                         help="chat completion length when a request sets no max_tokens")
     parser.add_argument("--seed", type=int, default=None, help="sampling seed of the engine (default: random)")
     args = parser.parse_args(argv)
+    if not serves_only_tests(args.host):
+        print(f"error: --host {args.host}: only loopback or a namespaced test host's address ({TEST_HOSTS}): this "
+              "server has no authentication", file=sys.stderr)
+        raise SystemExit(2)
     try:
         server = LoopbackServer.from_model_dir(
             args.model, seed=args.seed, model_name=args.model_name or Path(args.model).name, port=args.port,
+            host=args.host,
             latency_s=args.latency_s, default_max_tokens=args.default_max_tokens)
     except FileNotFoundError as e:
         print(f"error: --model {e}", file=sys.stderr)

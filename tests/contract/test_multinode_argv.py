@@ -66,6 +66,7 @@ def test_slime_accepts_the_multi_node_placement(parsed: dict, name: str, nodes: 
                                                 rollout: int) -> None:
     args = parsed[name]
     assert (args["actor_num_nodes"], args["actor_num_gpus_per_node"]) == (actor_nodes, 4)
+    assert args["num_gpus_per_node"] == 4  # what slime's engine address allocation counts as one node (not its 8)
     assert args["world_size"] == actor_nodes * 4
     assert args["data_parallel_size"] == actor_nodes * 4 // args["tensor_model_parallel_size"]
     if name.startswith("sft"):

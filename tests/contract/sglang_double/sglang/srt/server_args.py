@@ -161,5 +161,11 @@ def _add_cli_args(parser: argparse.ArgumentParser) -> None:
         parser.add_argument(*flags, **kwargs)
 
 
+def _url(self) -> str:
+    """ServerArgs.url: where the server answers (an IPv6 host in brackets)."""
+    return f"http://[{self.host}]:{self.port}" if ":" in self.host else f"http://{self.host}:{self.port}"
+
+
 ServerArgs = dataclasses.make_dataclass("ServerArgs", _fields(),
-                                        namespace={"add_cli_args": staticmethod(_add_cli_args), "__module__": __name__})
+                                        namespace={"add_cli_args": staticmethod(_add_cli_args), "url": _url,
+                                                   "__module__": __name__})
