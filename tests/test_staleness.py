@@ -1,6 +1,6 @@
 """Bounded staleness's bookkeeping (rollout/staleness.py): slime's version numbering, AReaL's admission rule with
 train_async.py's one-version lag, and the mask over requests that lag past the bound, with every token counted. The
-same through slime's real fully async worker is tests/contract/test_staleness.py."""
+same through slime's real fully async worker is tests/contract/test_slime_staleness.py."""
 
 from __future__ import annotations
 
