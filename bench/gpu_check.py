@@ -34,63 +34,50 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tau2_rl_pipeline.scale.sizing import model_args_from_file  # noqa: E402
+from tau2_rl_pipeline.scale.sizing import Model, model_args_from_file  # noqa: E402
 
 H100_BF16_DENSE_FLOPS = 989e12  # H100 SXM, dense bf16 tensor-core peak (NVIDIA's datasheet)
 PARITY_RTOL = 1e-4  # float32 on both sides, TF32 off: only summation order differs (measured ~1e-6 on CPU runs)
 
 # Qwen3-0.6B as slime's scripts/models/qwen3-0.6B.sh gives it (tests/test_gpu_check.py holds it against that file;
 # the project has no preset for it, so no model file of its own). The 1.7B is read from scripts/models/.
-QWEN3_0_6B = {"num_layers": 28, "hidden_size": 1024, "ffn_hidden_size": 3072, "num_attention_heads": 16,
-              "num_query_groups": 8, "kv_channels": 128, "vocab_size": 151936}
+QWEN3_0_6B = Model(layers=28, hidden=1024, ffn=3072, heads=16, kv_heads=8, head_dim=128, vocab=151936, tied=True)
 # Sequence lengths: the demo's longest training sequence on mock (its small tokenizer) is under 1k tokens; airline's
 # system turn alone is 5-7k tokens with Qwen3's tokenizer (bench/README.md P3), and its episodes run to 8-16k.
 GPU_SIZES = {"models": ["qwen3-0.6b", "qwen3-1.7b"], "seq_lens": {"demo": 1024, "airline": 8192},
              "timed_steps": 3, "engine_model": "qwen3-0.6b", "engine_prompt": 512, "engine_new_tokens": 256}
 CPU_SIZES = {"models": ["tiny"], "seq_lens": {"demo": 64, "airline": 128}, "timed_steps": 1,
              "engine_model": "tiny", "engine_prompt": 16, "engine_new_tokens": 16}
-TINY = {"num_layers": 2, "hidden_size": 64, "ffn_hidden_size": 128, "num_attention_heads": 4,
-        "num_query_groups": 2, "kv_channels": 16, "vocab_size": 512}
+TINY = Model(layers=2, hidden=64, ffn=128, heads=4, kv_heads=2, head_dim=16, vocab=512, tied=True)
 
 
-def shape(name: str) -> dict[str, int]:
-    """A model's dimensions: from its model file (1.7B), slime's numbers (0.6B), or the tiny test shape."""
+def shape(name: str) -> Model:
+    """A model's dimensions (the sizing sheet's Model): from its model file (1.7B), slime's numbers (0.6B), or the
+    tiny test shape."""
     if name == "tiny":
-        return dict(TINY)
+        return TINY
     if name == "qwen3-0.6b":
-        return dict(QWEN3_0_6B)
-    args = model_args_from_file((ROOT / "scripts" / "models" / "qwen3-1.7B.sh").read_text())
-    value = {a: args[i + 1] for i, a in enumerate(args[:-1]) if a.startswith("--")}
-    return {k: int(value["--" + k.replace("_", "-")]) for k in QWEN3_0_6B}
+        return QWEN3_0_6B
+    return Model.from_megatron_args(model_args_from_file((ROOT / "scripts" / "models" / "qwen3-1.7B.sh").read_text()))
 
 
-def build_model(dims: dict[str, int], device: str, seed: int = 0) -> Any:
+def build_model(dims: Model, device: str, seed: int = 0) -> Any:
     """A randomly initialised Qwen3ForCausalLM of these dimensions, float32, made on `device` directly."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    config = Qwen3Config(vocab_size=dims["vocab_size"], hidden_size=dims["hidden_size"],
-                         intermediate_size=dims["ffn_hidden_size"], num_hidden_layers=dims["num_layers"],
-                         num_attention_heads=dims["num_attention_heads"],
-                         num_key_value_heads=dims["num_query_groups"], head_dim=dims["kv_channels"],
-                         tie_word_embeddings=True, max_position_embeddings=32768, rope_theta=1_000_000)
+    config = Qwen3Config(vocab_size=dims.vocab, hidden_size=dims.hidden, intermediate_size=dims.ffn,
+                         num_hidden_layers=dims.layers, num_attention_heads=dims.heads,
+                         num_key_value_heads=dims.kv_heads, head_dim=dims.head_dim, tie_word_embeddings=dims.tied,
+                         max_position_embeddings=32768, rope_theta=1_000_000)
     torch.manual_seed(seed)
     with torch.device(device):
         return Qwen3ForCausalLM(config).float()
 
 
-def params_of(dims: dict[str, int]) -> int:
-    """Parameters of a Qwen3 of these dimensions, tied embeddings counted once (norms included)."""
-    h, heads, groups, d = dims["hidden_size"], dims["num_attention_heads"], dims["num_query_groups"], dims["kv_channels"]
-    attention = h * heads * d + 2 * h * groups * d + heads * d * h + 2 * d  # q, k, v, o; q_norm, k_norm
-    mlp = 3 * h * dims["ffn_hidden_size"]
-    return dims["num_layers"] * (attention + mlp + 2 * h) + dims["vocab_size"] * h + h
-
-
-def train_flops_per_token(dims: dict[str, int], seq_len: int) -> float:
+def train_flops_per_token(dims: Model, seq_len: int) -> float:
     """Model FLOPs per trained token (forward + backward), PaLM's accounting: 6 N (N with the output layer, since
     tied embeddings still multiply there) + 12 L H Q T for attention over T tokens (causal masking not halved)."""
-    n = params_of(dims)
-    return 6.0 * n + 12.0 * dims["num_layers"] * dims["num_attention_heads"] * dims["kv_channels"] * seq_len
+    return 6.0 * dims.params + 12.0 * dims.layers * dims.heads * dims.head_dim * seq_len
 
 
 def synchronize(device: str) -> None:
@@ -125,7 +112,7 @@ def p7(sizes: dict, device: str, dtype: str, log: Any) -> list[dict[str, Any]]:
         dims = shape(name)
         for label, seq_len in sizes["seq_lens"].items():
             for kind in ("sft", "grpo"):
-                row: dict[str, Any] = {"model": name, "params": params_of(dims), "seq": label, "seq_len": seq_len,
+                row: dict[str, Any] = {"model": name, "params": dims.params, "seq": label, "seq_len": seq_len,
                                        "step": kind, "dtype": dtype}
                 trainer = None
                 try:
@@ -137,7 +124,7 @@ def p7(sizes: dict, device: str, dtype: str, log: Any) -> list[dict[str, Any]]:
                             log_jsonl=Path(tmp) / "m.jsonl", device=device, dtype=dtype, micro_batch_size=1,
                             lr=1e-6))
                         step = trainer.sft if kind == "sft" else trainer.grpo_step
-                        batch = random_examples(kind, seq_len, dims["vocab_size"], 2, seed=1)
+                        batch = random_examples(kind, seq_len, dims.vocab, 2, seed=1)
                         step(batch[:1])  # warm-up: kernels chosen, allocator grown
                         synchronize(device)
                         t0 = time.perf_counter()
@@ -168,7 +155,7 @@ def parity(device: str, log: Any) -> dict[str, Any]:
     if device.startswith("cuda"):
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
-    examples = random_examples("grpo", 48, TINY["vocab_size"], 4, seed=2)
+    examples = random_examples("grpo", 48, TINY.vocab, 4, seed=2)
     results = {}
     for where in ("cpu", device):
         model = build_model(TINY, where, seed=3)
@@ -197,7 +184,7 @@ def engine(sizes: dict, device: str, dtype: str, log: Any) -> dict[str, Any]:
 
     dims = shape(sizes["engine_model"])
     eng = TransformersEngine(build_model(dims, device), device=device, dtype=dtype, seed=0, eos_token_ids=())
-    prompt = torch.randint(0, dims["vocab_size"], (sizes["engine_prompt"],),
+    prompt = torch.randint(0, dims.vocab, (sizes["engine_prompt"],),
                            generator=torch.Generator().manual_seed(4)).tolist()
     sampling = SamplingParams(temperature=1.0, max_new_tokens=sizes["engine_new_tokens"])
     asyncio.run(eng.generate(prompt, SamplingParams(temperature=1.0, max_new_tokens=4)))  # warm-up

@@ -17,7 +17,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 import gpu_check  # noqa: E402
 from third_party import third_party_path  # noqa: E402
 
-from tau2_rl_pipeline.scale.sizing import model_args_from_file  # noqa: E402
+from tau2_rl_pipeline.scale.sizing import Model, model_args_from_file  # noqa: E402
 
 
 def test_cpu_mode_runs_every_part_and_writes_its_results(tmp_path):
@@ -47,21 +47,18 @@ def test_gpu_mode_without_cuda_says_so_in_one_line(tmp_path):
 
 
 def test_the_parameter_count_is_the_built_models():
-    """MFU divides by params_of: it must count what transformers builds (tied embeddings once)."""
+    """MFU divides by the sizing sheet's count: it must count what transformers builds (tied embeddings once)."""
     model = gpu_check.build_model(gpu_check.TINY, "cpu")
-    assert gpu_check.params_of(gpu_check.TINY) == sum(p.numel() for p in model.parameters())
+    assert gpu_check.TINY.params == sum(p.numel() for p in model.parameters())
 
 
 def test_the_shapes_are_the_model_files():
-    assert gpu_check.shape("qwen3-1.7b") == {"num_layers": 28, "hidden_size": 2048, "ffn_hidden_size": 6144,
-                                             "num_attention_heads": 16, "num_query_groups": 8, "kv_channels": 128,
-                                             "vocab_size": 151936}
+    assert gpu_check.shape("qwen3-1.7b") == Model(layers=28, hidden=2048, ffn=6144, heads=16, kv_heads=8,
+                                                  head_dim=128, vocab=151936, tied=True)
     slime_file = third_party_path() / "slime-624b824" / "scripts" / "models" / "qwen3-0.6B.sh"
     if not slime_file.is_file():
         pytest.skip(f"{slime_file} not found (../shared/third_party or TAU2_THIRD_PARTY)")
-    args = model_args_from_file(slime_file.read_text())
-    value = {a: args[i + 1] for i, a in enumerate(args[:-1]) if a.startswith("--")}
-    assert gpu_check.QWEN3_0_6B == {k: int(value["--" + k.replace("_", "-")]) for k in gpu_check.QWEN3_0_6B}
+    assert gpu_check.QWEN3_0_6B == Model.from_megatron_args(model_args_from_file(slime_file.read_text()))
 
 
 def test_the_wheelhouse_carries_what_the_gpu_image_lacks_and_nothing_it_has():
