@@ -378,13 +378,13 @@ ray_start_head() {
 # Submit slime's entry point ($1: train.py or train_async.py) with the remaining arguments and wait for it.
 # The job runs slime from its own root, where ray_cluster_up left us, and names the entry point by its absolute path
 # (the original set Ray's working_dir to the cookbook, where train.py is not); to the head this script started, or to
-# RAY_ADDRESS's.
+# RAY_ADDRESS's; watched on a cluster it started (watched_job).
 ray_submit() {
   local entry=$1
   shift
   local runtime_env
   runtime_env="$(ray_runtime_env_json)"
-  run ray job submit --address="${RAY_JOBS_API}" \
+  watched_job ray job submit --address="${RAY_JOBS_API}" \
     --runtime-env-json="${runtime_env}" -- "${PYTHON}" "${SLIME_DIR}/${entry}" "$@"
 }
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import re
+import shlex
 import shutil
 import socket
 import subprocess
@@ -337,6 +338,28 @@ def test_every_cluster_setting_reaches_the_commands(tmp_path: Path) -> None:
     (join,) = [c for c in local.commands if c[-1].startswith(f"cd {SLIME} && ")]
     assert join[:2] == ["bash", "-c"] and "--node-ip-address 10.0.0.2" in join[2]
     assert not any(c[:2] == ["bash", "-c"] and c[2] == "ray stop" for c in local.commands)  # the head's stops all
+
+
+def leash_of(result: Result) -> str | None:
+    """The loop the worker's remote command starts after its `ray start` (None: no leash)."""
+    (join,) = [c for c in result.commands if c[-1].startswith(f"cd {SLIME} && ")]
+    words = shlex.split(join[-1])
+    return words[words.index("setsid") + 3] if "setsid" in words else None
+
+
+def test_each_worker_started_over_ssh_gets_a_leash_to_the_head(tmp_path: Path) -> None:
+    """After its `ray start`, a worker runs a loop that stops its Ray once the head's GCS has not answered for
+    RAY_HEAD_LOST_TIMEOUT seconds (on the namespaced hosts, a worker whose link is cut is clean that long after:
+    tests/contract/test_hosts_faults.py), and ends once its raylet is gone; none where the workers are this machine
+    (the head's stop stops them)."""
+    loop = leash_of(cluster(tmp_path, 2, RAY_HEAD_LOST_TIMEOUT="45", RAY_GCS_PORT="16379"))
+    assert f"/dev/tcp/{MASTER}/16379" in loop and "SECONDS - last >= 45" in loop and "exec ray stop" in loop
+    assert "pgrep -x raylet >/dev/null || exit 0" in loop
+    assert "SECONDS - last >= 60" in leash_of(cluster(tmp_path, 2))
+    assert leash_of(cluster(tmp_path, 2, RAY_WORKER_LAUNCH="local")) is None
+    bad = run_script("train_grpo.sh", tmp_path, HOSTFILE=hostfile(tmp_path, MASTER, *workers(2)), **NETWORK,
+                     RAY_HEAD_LOST_TIMEOUT="soon")
+    assert bad.rc == 1 and "RAY_HEAD_LOST_TIMEOUT=soon must be a positive integer" in bad.stderr
 
 
 def test_the_readmes_multi_node_command_dry_runs_as_typed(tmp_path: Path) -> None:

@@ -116,3 +116,48 @@ def test_the_documented_commands_start_use_and_remove_hosts(tmp_path: Path) -> N
         subprocess.run([*cli, "down", run_id], check=True, timeout=120)
     names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
     assert run_id not in names and not (hosts_mod.RUNS_DIR / run_id).exists()
+
+
+@needs_namespaces
+def test_the_faults_one_machine_of_a_cluster_meets(tmp_path: Path) -> None:
+    """What tests/contract/test_hosts_faults.py does to a host, each seen from the others and undone."""
+    import os
+
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    (shared / "data.txt").write_text("shared")
+    hosts = hosts_mod.Hosts(2, shared, run_id=f"t2h{os.getpid()}f")
+    hosts.up()
+    try:
+        a, b = hosts.hosts
+
+        def ssh(*argv: str) -> subprocess.CompletedProcess:
+            return a.run(["ssh", "-F", str(hosts.ssh_config), "-o", "BatchMode=yes", "-o", "ConnectTimeout=3",
+                          b.address, *argv], capture_output=True, text=True, check=False)
+
+        hosts.set_link(1, up=False)
+        cut = ssh("true")
+        assert cut.returncode == 255 and "timed out" in cut.stderr  # nothing answers: no refusal, no route error
+        hosts.set_link(1, up=True)
+        assert ssh("true").returncode == 0
+        hosts.refuse_ssh(1, refused=True)
+        refused = ssh("true")
+        assert refused.returncode == 255 and "Permission denied" in refused.stderr
+        hosts.refuse_ssh(1, refused=False)
+        hosts.hide_shared(1, hidden=True)
+        assert ssh("ls", "-A", str(shared)).stdout == "" and "data.txt" in a.run(
+            ["ls", str(shared)], capture_output=True, text=True).stdout
+        hosts.hide_shared(1, hidden=False)
+        assert ssh("cat", str(shared / "data.txt")).stdout == "shared"
+        hosts.rename_interface(1, "eth0", "ens5")
+        renamed = ssh("ls /sys/class/net; hostname -I")
+        assert renamed.stdout.split() == ["ens5", "lo", b.address]  # its address stays, on the new name
+        hosts.rename_interface(1, "ens5", "eth0")
+        sleeper = b.popen(["sleep", "600"])
+        assert any(p.startswith("sleep 600") for p in hosts.processes(1))
+        assert [line.split()[1] for line in hosts.kill(1, "sleep")] == ["sleep"]
+        sleeper.wait(timeout=30)
+        assert not [p for p in hosts.processes(1) if p.startswith("sleep")]
+    finally:
+        hosts.down()
+    assert hosts.leftovers() == {h.netns: [] for h in hosts.hosts}

@@ -159,7 +159,6 @@ class Hosts:
         self.base.chmod(0o755)
         _sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", self.run_id, "-f", str(ssh / "host_key"))
         _sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", self.run_id, "-f", str(ssh / "id_ed25519"))
-        (ssh / "authorized_keys").write_text((ssh / "id_ed25519.pub").read_text())
         host_key = (ssh / "host_key.pub").read_text().split()[:2]
         (ssh / "known_hosts").write_text("".join(f"{SUBNET}.{i + 1} {' '.join(host_key)}\n" for i in range(self._n)))
         self.ssh_config.write_text(
@@ -173,9 +172,10 @@ class Hosts:
             for sub in ("tmp", "stage"):
                 (d / sub).mkdir(parents=True)
             (d / "tmp").chmod(0o1777)
+            (d / "authorized_keys").write_text((ssh / "id_ed25519.pub").read_text())  # its own: refuse_ssh
             (d / "sshd_config").write_text(
                 f"ListenAddress {SUBNET}.{i + 1}\nPort 22\nHostKey {ssh / 'host_key'}\nPidFile none\n"
-                f"AuthorizedKeysFile {ssh / 'authorized_keys'}\nPermitRootLogin prohibit-password\n"
+                f"AuthorizedKeysFile {d / 'authorized_keys'}\nPermitRootLogin prohibit-password\n"
                 "PasswordAuthentication no\nKbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\n"
                 f"PrintMotd no\nSubsystem sftp internal-sftp\nSetEnv {setenv}\n")
 
@@ -256,6 +256,47 @@ class Hosts:
         hosts = cls(len(state["hosts"]), state["shared"], run_id=run_id, owned=False)
         hosts.hosts = [Host(*row) for row in state["hosts"]]
         return hosts
+
+    # ---- faults, as they happen to one machine of a cluster ----------------------------------------------------
+    def set_link(self, i: int, up: bool, interface: str = "eth0") -> None:
+        """Host i's network link down (a cut cable, a dead switch port: packets vanish, nothing is refused) or up."""
+        _sh("ip", "-n", self.hosts[i].netns, "link", "set", interface, "up" if up else "down")
+
+    def rename_interface(self, i: int, old: str, new: str) -> None:
+        """Host i's interface under another name (its address and route stay), as machines of two images differ."""
+        ns = self.hosts[i].netns
+        _sh("ip", "-n", ns, "link", "set", old, "down")
+        _sh("ip", "-n", ns, "link", "set", old, "name", new)
+        _sh("ip", "-n", ns, "link", "set", new, "up")
+
+    def hide_shared(self, i: int, hidden: bool) -> None:
+        """Host i without the shared storage: an empty directory of its own at the shared path (a tmpfs over it), as
+        on a node whose mount failed; `hidden=False` takes it away again."""
+        path = str(self.shared)
+        argv = ["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", path] if hidden else ["umount", path]
+        proc = self.hosts[i].run(argv, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"host {i}: {shlex.join(argv)}: {proc.stderr.strip()}")
+
+    def refuse_ssh(self, i: int, refused: bool) -> None:
+        """Host i's sshd refuses the run's key (an authorized_keys without it) or takes it again."""
+        key = "" if refused else (self.base / "ssh" / "id_ed25519.pub").read_text()
+        (self.base / f"h{i}" / "authorized_keys").write_text(key)
+
+    def kill(self, i: int, *names: str) -> list[str]:
+        """SIGKILL host i's processes of these exact names (e.g. raylet): what was killed, as `PID NAME` lines."""
+        found = self.hosts[i].run(["ps", "-eo", "pid=,comm="], capture_output=True, text=True).stdout.split("\n")
+        killed = [line.strip() for line in found if line.split()[1:] and line.split()[1] in names]
+        pids = [line.split()[0] for line in killed]
+        if pids:
+            self.hosts[i].run(["kill", "-9", *pids], check=False)
+        return killed
+
+    def processes(self, i: int) -> list[str]:
+        """Host i's processes but its PID 1 (sshd) and the `ps` that lists them, as `NAME ARGS` lines."""
+        out = self.hosts[i].run(["ps", "-eo", "pid=,args="], capture_output=True, text=True).stdout
+        rows = [line.strip().split(None, 1) for line in out.splitlines() if line.strip()]
+        return [args for pid, args in rows if pid != "1" and not args.startswith("ps -eo")]
 
     # ---- down -----------------------------------------------------------------------------------------------------
     def leftovers(self) -> dict[str, list[int]]:

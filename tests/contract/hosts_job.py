@@ -12,7 +12,9 @@ planted without --num-gpus-per-node), with slime's own code at the pinned commit
   bundle, `_allocate_rollout_engine_addr_and_ports_normal`, `_compute_server_args`, the launch of the SGLang double
   at the address slime gave: tests/contract/sglang_double/sglang/srt/entrypoints/http_server.py), then
   $HOSTS_JOB_ROLLOUTS rollouts through slime's rollout function and the project's custom generate, with the user
-  simulator of TAU2_USER_API_BASE;
+  simulator of TAU2_USER_API_BASE; for the script's own argv from the rollout slime's train.py starts at (a resume:
+  the checkpointed one + 1), each followed by a checkpoint at slime's save cadence (no weights) and a line in
+  $HOSTS_JOB_PROGRESS;
 - training only (SFT): slime's `RayTrainGroup` places one train actor (slime's TrainRayActor, its address choice) in
   each actor bundle, and each says where it runs and the MASTER_ADDR it was given.
 
@@ -100,7 +102,50 @@ def train_actors(args, pgs) -> list[dict]:
             ray.kill(actor)
 
 
-def engines_and_rollouts(args, pgs, records: Path, rollouts: int) -> dict:
+def start_rollout(args) -> int:
+    """Where slime's train.py starts: `--start-rollout-id` when the script passes it (a fresh start), else the rollout
+    its actors loaded + 1 (slime/backends/megatron_utils/actor.py), the iteration Megatron's `read_metadata` reads from
+    the tracker in `--load`."""
+    from megatron.training.checkpointing import (
+        get_checkpoint_tracker_filename,
+        read_metadata,
+    )
+
+    if args.start_rollout_id is not None:
+        return args.start_rollout_id
+    iteration, _release = read_metadata(get_checkpoint_tracker_filename(args.load))
+    return iteration + 1
+
+
+def save_checkpoint(args, rollout_id: int) -> None:
+    """After a trained rollout, at slime's save cadence (`should_run_periodic_action`): the files a torch_dist save
+    leaves in Megatron's iteration directory, then the tracker naming it, last, as Megatron writes it (a run killed
+    before the tracker resumes from the previous one). No weights: nothing is trained here."""
+    from megatron.training.checkpointing import (
+        get_checkpoint_name,
+        get_checkpoint_tracker_filename,
+    )
+    from slime.utils.misc import should_run_periodic_action
+
+    if not should_run_periodic_action(rollout_id, args.save_interval, None, args.num_rollout):
+        return
+    iteration = Path(get_checkpoint_name(args.save, rollout_id, False, return_base_dir=True))
+    iteration.mkdir(parents=True, exist_ok=True)
+    (iteration / "metadata.json").write_text(json.dumps({"sharded_backend": "torch_dist",
+                                                         "sharded_backend_version": 1}))
+    for name in ("common.pt", ".metadata", "__0_0.distcp"):
+        (iteration / name).write_bytes(b"\0" * 16)
+    Path(get_checkpoint_tracker_filename(args.save)).write_text(str(rollout_id))
+
+
+def progress(event: str, **fields) -> None:
+    """One line per event in $HOSTS_JOB_PROGRESS, for the fault tests to act at a moment of the job."""
+    if where := os.environ.get("HOSTS_JOB_PROGRESS"):
+        with open(where, "a") as f:
+            f.write(json.dumps({"event": event, "time": time.time(), **fields}) + "\n")
+
+
+def engines_and_rollouts(args, pgs, records: Path, rollouts: int, train: bool = False) -> dict:
     import ray
     from slime.ray.rollout import RolloutManager
     from slime.ray.utils import add_default_ray_env_vars
@@ -119,11 +164,17 @@ def engines_and_rollouts(args, pgs, records: Path, rollouts: int) -> dict:
         ray.get(manager.set_train_parallel_config.remote({
             "dp_size": args.data_parallel_size, "cp_size": args.context_parallel_size, "vpp_size": 1,
             "microbatch_group_size_per_vp_stage": 1}), timeout=60)
-        for rollout_id in range(rollouts):
+        first = start_rollout(args) if train else 0
+        out["start_rollout_id"] = first
+        for rollout_id in range(first, first + rollouts):
+            progress("rollout", rollout=rollout_id)
             boxes = ray.get(manager.generate.remote(rollout_id), timeout=WAIT_S)  # one per data-parallel rank
             shards = [ray.get(box.inner, timeout=60) for box in boxes]
             out["rollouts"].append({"id": rollout_id, "samples": len(shards[0]["total_lengths"]),
                                     "response_tokens": [int(n) for s in shards for n in s["response_lengths"]]})
+            if train:
+                save_checkpoint(args, rollout_id)
+                progress("saved", rollout=rollout_id)
     except Exception as exc:  # noqa: BLE001 - the report carries it (the planted argv's engines cannot start)
         out["error"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}"
     finally:
@@ -143,7 +194,7 @@ def _answers(host: str, port: int) -> bool:
         return s.connect_ex((host, port)) == 0
 
 
-def run_one(name: str, argv: list[str], records: Path, rollouts: int) -> dict:
+def run_one(name: str, argv: list[str], records: Path, rollouts: int, train: bool = False) -> dict:
     from ray.util.placement_group import remove_placement_group
     from slime.ray.placement_group import create_placement_groups
 
@@ -162,7 +213,7 @@ def run_one(name: str, argv: list[str], records: Path, rollouts: int) -> dict:
             else:
                 report["rollout_bundles"] = bundle_nodes(pgs["rollout"])[:args.rollout_num_gpus]
                 report["gpus_per_engine"] = args.rollout_num_gpus_per_engine
-                report.update(engines_and_rollouts(args, pgs, records, rollouts))
+                report.update(engines_and_rollouts(args, pgs, records, rollouts, train))
         finally:
             remove_placement_group(pgs["actor"][0])
     except Exception as exc:  # noqa: BLE001 - reported; the next argv still runs
@@ -189,8 +240,10 @@ def main() -> None:
     argparse.ArgumentParser.parse_known_args = parse_argv._recording_parse_known_args  # as parse_argv.main does
     ray.init(address="auto", _node_ip_address=os.environ["MASTER_ADDR"], log_to_driver=False,
              runtime_env={"env_vars": env_vars, "worker_process_setup_hook": "hosts_job.answer_gpus_as_cuda"})
-    reports = [run_one(name, job_argv, records, int(os.environ.get("HOSTS_JOB_ROLLOUTS", "1")))
-               for name, job_argv in jobs]
+    progress("job", pid=os.getpid())
+    # the script's own argv trains as slime's train.py would: from where it resumes, saving at its cadence
+    reports = [run_one(name, job_argv, records, int(os.environ.get("HOSTS_JOB_ROLLOUTS", "1")), train=i == 0)
+               for i, (name, job_argv) in enumerate(jobs)]
     Path(os.environ["HOSTS_JOB_OUT"]).write_text(json.dumps(reports, indent=1))
     ray.shutdown()
 

@@ -110,22 +110,44 @@ def megatron_checkpoint_files(path: Path) -> None:
         (path / "release" / name).write_bytes(b"\0" * 16)
 
 
-@pytest.fixture(scope="module", params=list(LAYOUTS))
-def run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, tiny_small_dir: Path) -> Iterator[dict]:
-    """One cluster per layout: the hosts, train_grpo.sh's real run on them, and the job's reports."""
-    n, layout, gpus = LAYOUTS[request.param]
-    shared = tmp_path_factory.mktemp(f"hosts{request.param}") / "shared"
+def shared_inputs(shared: Path, tiny_model: Path, gpus: int) -> Path:
+    """The run's shared directory as a user prepares it (the RFT and initial checkpoints, the HF model, the GRPO
+    prompts), with the stand-in tools of the head; its TAU2_OUT_DIR."""
     out = shared / "out"
     for d in ("home", "engines", "out/data/tasks"):
         (shared / d).mkdir(parents=True)
     for ckpt in ("out/checkpoints/rft", "out/models/tiny_torch_dist"):
         megatron_checkpoint_files(shared / ckpt)
-    shutil.copytree(tiny_small_dir, out / "models/tiny")
+    shutil.copytree(tiny_model, out / "models/tiny")
     prompt_rows(out / "data/tasks/tau2_train_all_tasks.jsonl", ["create_task_1", "update_task_1"])
+    shim(shared / "bin", gpus)
+    return out
+
+
+def start_user_sim(hosts: hosts_mod.Hosts, host: hosts_mod.Host, env: dict[str, str], shared: Path) -> None:
+    """The user simulator (a tiny model behind the loopback server) on `host` at USER_SIM_PORT, answering the head."""
+    log = open(shared / "user_sim.log", "wb")  # noqa: SIM115 - the server keeps it
+    host.popen([sys.executable, "-m", "tau2_rl_pipeline.testing.loopback_server", "--model",
+                str(shared / "out/models/tiny"), "--host", host.address, "--port", str(USER_SIM_PORT),
+                "--model-name", "tiny", "--seed", "0"],
+               env={**env, "PYTHONPATH": str(ROOT)}, stdout=log, stderr=subprocess.STDOUT)
+    log.close()
+    models = f"http://{host.address}:{USER_SIM_PORT}/v1/models"  # from the head, across the bridge
+    probe = hosts.hosts[0].run(
+        ["sh", "-c", f"for i in $(seq 720); do curl -fs -o /dev/null {models} && exit 0; sleep 0.5; done; exit 1"],
+        check=False)
+    assert probe.returncode == 0, (shared / "user_sim.log").read_text()[-2000:]
+
+
+@pytest.fixture(scope="module", params=list(LAYOUTS))
+def run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, tiny_small_dir: Path) -> Iterator[dict]:
+    """One cluster per layout: the hosts, train_grpo.sh's real run on them, and the job's reports."""
+    n, layout, gpus = LAYOUTS[request.param]
+    shared = tmp_path_factory.mktemp(f"hosts{request.param}") / "shared"
+    out = shared_inputs(shared, tiny_small_dir, gpus)
     (out / "data/sft_seed.jsonl").write_text(json.dumps({"messages": [{"role": "user", "content": "hi"},
                                                                       {"role": "assistant", "content": "hello"}],
                                                          "tools": []}) + "\n")
-    shim(shared / "bin", gpus)
     hosts = hosts_mod.Hosts(n, shared, run_id=f"t2h{os.getpid()}x{request.param}", session_env={
         "PATH": f"{shared / 'bin'}:{Path(sys.executable).parent}:{SYSTEM_PATH}", "RAY_USAGE_STATS_ENABLED": "0",
         "RAY_OVERRIDE_RESOURCES": '{"CPU": 16}'})
@@ -134,17 +156,7 @@ def run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
     try:
         (shared / "hostfile").write_text("".join(f"{a} slots={gpus}\n" for a in hosts.addresses))
         env = stage_env(shared, hosts, layout, gpus)
-        log = open(shared / "user_sim.log", "wb")  # noqa: SIM115 - the server keeps it
-        hosts.hosts[-1].popen(
-            [sys.executable, "-m", "tau2_rl_pipeline.testing.loopback_server", "--model", str(out / "models/tiny"),
-             "--host", hosts.addresses[-1], "--port", str(USER_SIM_PORT), "--model-name", "tiny", "--seed", "0"],
-            env={**env, "PYTHONPATH": str(ROOT)}, stdout=log, stderr=subprocess.STDOUT)
-        log.close()
-        models = f"http://{hosts.addresses[-1]}:{USER_SIM_PORT}/v1/models"  # from the head, across the bridge
-        probe = hosts.hosts[0].run(
-            ["sh", "-c", f"for i in $(seq 720); do curl -fs -o /dev/null {models} && exit 0; sleep 0.5; done; exit 1"],
-            check=False)
-        assert probe.returncode == 0, (shared / "user_sim.log").read_text()[-2000:]
+        start_user_sim(hosts, hosts.hosts[-1], env, shared)
         dry = {**env, "DRY_RUN": "1"}
         sync = job_argv(on_head(hosts, "train_grpo.sh", dry, 120), "train.py")
         more = [{"name": "async GRPO", "argv": job_argv(on_head(hosts, "train_grpo.sh", {**dry, "GRPO_ASYNC": "1"},
