@@ -34,6 +34,8 @@ Interfaces = dict[str, tuple[str, ...]]  # interface name: its addresses (none: 
 
 # ---- reading (on each node) --------------------------------------------------------------------------------------
 def read_interfaces(sys_net: str = "/sys/class/net", inet6: str = "/proc/net/if_inet6") -> Interfaces:
+    """Every interface of this node with its addresses: Gloo and NCCL bind to an interface's address, so a name
+    without one is as good as absent. The kernel's files by default; a test passes files it wrote."""
     try:
         names = sorted(os.listdir(sys_net))
     except OSError:
