@@ -14,7 +14,8 @@
 # ones: print_cluster_plan prints that order, so a dry run shows which node runs what.
 # Every node must see the checkpoint and data directories at the same path (shared storage): before training the
 # head writes a check file there and a Ray task on each node reads it, with what the stage reads: the data as the
-# head has it, the HF model and the initial checkpoint complete (cluster_check).
+# head has it, the HF model and the checkpoint the run loads complete; and each node must have the network interfaces
+# the Gloo and NCCL variables name (cluster_check).
 
 HOSTFILE="${HOSTFILE:-}"
 RAY_ADDRESS="${RAY_ADDRESS:-}"
@@ -81,24 +82,6 @@ head_machine() {
   fi
 }
 
-# Does the interface list NAME (NCCL's syntax: comma-separated, `^` excludes, `=` exact, else a prefix; Gloo's:
-# exact names) name an interface of this node?
-interface_present() {
-  local list=$1 exact=$2 name dev
-  [[ "${list}" == =* ]] && exact=1
-  list="${list#=}"
-  [[ "${list}" == ^* ]] && return 0  # an exclusion list names what not to use
-  for name in ${list//,/ }; do
-    for dev in /sys/class/net/*; do
-      dev="${dev##*/}"
-      if [[ "${dev}" == "${name}" ]] || { [[ "${exact}" == 0 ]] && [[ "${dev}" == "${name}"* ]]; }; then
-        continue 2
-      fi
-    done
-    return 1
-  done
-}
-
 # Are all the nodes loopback addresses of this one machine (a cluster on loopback: several raylets here)?
 cluster_on_loopback() {
   local addr
@@ -147,14 +130,19 @@ if ((NUM_NODES > 1)); then
   [[ -z "${SLIME_HOST_IP:-}" ]] || is_ipv4 "${SLIME_HOST_IP}" || die "SLIME_HOST_IP=${SLIME_HOST_IP} must be an IPv4 address"
   unset _host _required _name
 fi
+# The interface variables that are set, as NAME=VALUE: each must name an interface of every node. The rules (Gloo's
+# exact names; NCCL's prefixes, `^` and `=`) are tau2_rl_pipeline/slime_plugins/cluster_net.py's alone: here it
+# judges this node before Ray starts (not when joining RAY_ADDRESS: the script may run off the cluster), and the
+# cluster check (cluster_check --interface) every node once the cluster is up.
+INTERFACE_SETTINGS=()
 for _name in GLOO_SOCKET_IFNAME NCCL_SOCKET_IFNAME; do
-  if [[ -n "${!_name:-}" ]]; then
-    export "${_name?}"
-    interface_present "${!_name}" "$([[ ${_name} == GLOO* ]] && echo 1 || echo 0)" ||
-      problem "${_name}=${!_name}: no such network interface on this node (it has: $(cd /sys/class/net && echo *))"
-  fi
+  [[ -z "${!_name:-}" ]] || { export "${_name?}"; INTERFACE_SETTINGS+=("${_name}=${!_name}"); }
 done
-unset _name
+if ((${#INTERFACE_SETTINGS[@]} > 0)) && [[ -z "${RAY_ADDRESS}" ]]; then  # this machine's python3, stdlib only
+  _out="$(PYTHONPATH="${TAU2_ROOT}${PYTHONPATH:+:${PYTHONPATH}}" python3 -m tau2_rl_pipeline.slime_plugins.cluster_net \
+    "${INTERFACE_SETTINGS[@]}" 2>&1)" || problem "$(head -n 1 <<<"${_out}")"
+fi
+unset _name _out
 [[ -z "${SLIME_HOST_IP:-}" ]] || export SLIME_HOST_IP
 # Traffic to the head and the workers must not go through a proxy either.
 for _addr in "${MASTER_ADDR:-}" "${WORKERS[@]}"; do
@@ -340,19 +328,21 @@ ray_stop_cluster() {
   run ray stop || note "warning: ray stop on the head failed"
 }
 
-# Before training: every node joined with its GPUs, and sees the stage's paths where the head sees them (one Ray task
-# pinned to each node reads them). On a cluster started here it runs as a Ray driver on the head; on one joined by
-# RAY_ADDRESS as a Ray job, from wherever the script runs.
+# Before training: every node joined with its GPUs, has the interfaces GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME name
+# (INTERFACE_SETTINGS), and sees the stage's paths where the head sees them (one Ray task pinned to each node reads
+# them). On a cluster started here it runs as a Ray driver on the head; on one joined by RAY_ADDRESS as a Ray job,
+# from wherever the script runs.
 # cluster_check DIR... -- [--data FILE] [--checkpoint DIR] [--hf-model DIR]...: each DIR (written: checkpoints) gets
 # a check file with a fresh token that every node must read back; what follows `--` names what the stage reads, each
-# to be on every node as the head has it: the data file identical (size, sha256), the initial Megatron checkpoint and
-# the HF model complete (tau2_rl_pipeline/slime_plugins/cluster_inputs.py).
+# to be on every node as the head has it: the data file identical (size, sha256), the Megatron checkpoint(s) the run
+# loads (loaded_checkpoint) and the HF model complete (tau2_rl_pipeline/slime_plugins/cluster_inputs.py).
 cluster_check() {
-  local path token log answer dirs=() cmd check
+  local path token log answer dirs=() cmd check setting
   ((NUM_NODES > 1)) || return 0
   token="$(date +%s%N)-$$-${RANDOM}"
   check=(-m tau2_rl_pipeline.slime_plugins.cluster_check --nodes "${NUM_NODES}" --gpus-per-node "${GPUS_PER_NODE}"
     --timeout "${RAY_JOIN_TIMEOUT}")
+  for setting in "${INTERFACE_SETTINGS[@]}"; do check+=(--interface "${setting}"); done
   while (($# > 0)) && [[ "$1" != -- ]]; do
     dirs+=("$1")
     check+=(--token "$1/.tau2-shared-check=${token}")

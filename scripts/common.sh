@@ -389,11 +389,20 @@ ray_submit() {
 }
 
 # ---- flag groups shared by SFT and GRPO (one flag per line; read with mapfile) --------------------------------
+# A run resumes when SAVE ($1) already holds a checkpoint: Megatron's tracker, which slime's own test of --load reads.
+resuming() { [[ -f "$1/latest_checkpointed_iteration.txt" ]]; }
+
+# The checkpoint the actor loads (slime's --load): SAVE on a resume, else INIT. The cluster check covers this one.
+loaded_checkpoint() {
+  local init=$1 save=$2
+  if resuming "${save}"; then printf '%s\n' "${save}"; else printf '%s\n' "${init}"; fi
+}
+
 # Fresh start from INIT: load its weights only, at step 0 (the original's GRPO --load of the SFT checkpoint
 # resumed at the SFT step count with the SFT optimizer). Resume when SAVE already holds a checkpoint.
 checkpoint_flags() {
   local init=$1 save=$2
-  if [[ -f "${save}/latest_checkpointed_iteration.txt" ]]; then
+  if resuming "${save}"; then
     note "resuming from ${save}"
     printf '%s\n' --load "${save}"
   else

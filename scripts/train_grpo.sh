@@ -272,9 +272,11 @@ mapfile -t WANDB_ARGS < <(wandb_flags "${GRPO_WANDB_GROUP}")
 mapfile -t EXTRA_ARGS < <(extra_flags)
 
 # Every node must see the checkpoint it writes and what it reads, as the head has it (shared storage; checked on a
-# multi-node cluster: the data identical, the initial checkpoint and the HF model complete).
-ray_cluster_up "${GRPO_CKPT_DIR}" -- --data "${GRPO_PROMPT_DATA}" --checkpoint "${GRPO_INIT_DIR}" \
-  --hf-model "${BASE_HF_DIR}"
+# multi-node cluster: the data identical, the HF model and the checkpoints slime loads complete: the actor's --load,
+# GRPO_CKPT_DIR on a resume, else GRPO_INIT_DIR; and --ref-load's GRPO_INIT_DIR, read on every start (--use-kl-loss)).
+CHECKED_CKPTS=(--checkpoint "$(loaded_checkpoint "${GRPO_INIT_DIR}" "${GRPO_CKPT_DIR}")")
+[[ "${CHECKED_CKPTS[1]}" == "${GRPO_INIT_DIR}" ]] || CHECKED_CKPTS+=(--checkpoint "${GRPO_INIT_DIR}")
+ray_cluster_up "${GRPO_CKPT_DIR}" -- --data "${GRPO_PROMPT_DATA}" "${CHECKED_CKPTS[@]}" --hf-model "${BASE_HF_DIR}"
 ray_submit "${ENTRY}" \
   "${PLACEMENT_ARGS[@]}" \
   "${MODEL_ARGS[@]}" \

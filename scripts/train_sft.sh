@@ -79,8 +79,10 @@ mapfile -t EXTRA_ARGS < <(extra_flags)
 mapfile -t PLACEMENT_ARGS < <(placement_flags)
 
 # Every node must see the checkpoint it writes and what it reads, as the head has it (shared storage; checked on a
-# multi-node cluster: the data identical, the initial checkpoint and the HF model complete).
-ray_cluster_up "${SFT_SAVE_DIR}" -- --data "${SFT_DATA}" --checkpoint "${SFT_INIT_DIR}" --hf-model "${BASE_HF_DIR}"
+# multi-node cluster: the data identical, the checkpoint --load names (SFT_SAVE_DIR on a resume, else SFT_INIT_DIR)
+# and the HF model complete).
+ray_cluster_up "${SFT_SAVE_DIR}" -- --data "${SFT_DATA}" \
+  --checkpoint "$(loaded_checkpoint "${SFT_INIT_DIR}" "${SFT_SAVE_DIR}")" --hf-model "${BASE_HF_DIR}"
 ray_submit train_async.py \
   "${PLACEMENT_ARGS[@]}" \
   "${MODEL_ARGS[@]}" \

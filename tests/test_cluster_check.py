@@ -148,7 +148,7 @@ def test_an_empty_checkpoint_directory_on_a_worker_is_refused(tmp_path: Path) ->
     for path in sorted((worker / "ckpt").rglob("*"), reverse=True):
         path.rmdir() if path.is_dir() else path.unlink()
     assert verdicts(tmp_path, worker) == [
-        (f"node 10.0.0.2: initial checkpoint {CKPT} has no latest_checkpointed_iteration.txt (not a Megatron "
+        (f"node 10.0.0.2: checkpoint {CKPT} has no latest_checkpointed_iteration.txt (not a Megatron "
         f"checkpoint: scripts/convert_hf_to_megatron.sh writes one) (the head's is complete: {SHARED_STORAGE_HINT})")]
 
 
@@ -167,6 +167,19 @@ def test_a_checkpoint_missing_its_iteration_directory_is_refused(tmp_path: Path)
     (ckpt / "latest_checkpointed_iteration.txt").write_text("latest")
     assert checkpoint_missing(read_checkpoint(str(ckpt))) == ("has a latest_checkpointed_iteration.txt holding "
                                                               "'latest', not an iteration or 'release'")
+
+
+def test_a_resume_whose_tracked_iteration_is_incomplete_on_one_node_is_refused(tmp_path: Path) -> None:
+    """On a resume the run loads its own save (scripts/common.sh loaded_checkpoint): the iteration the tracker names
+    must be complete on every node, not only on the head."""
+    save = "/shared/checkpoints/grpo"
+    head, worker = (write_checkpoint(tmp_path / name, tracker="20") for name in ("head", "worker"))
+    (worker / "iter_0000020/metadata.json").unlink()  # a save that never reached this node's storage in full
+    views = [NodeView(ip, 8, checkpoints={save: read_checkpoint(str(root))}) for ip, root in
+             ((HEAD, head), ("10.0.0.2", worker))]
+    assert storage_problems(views, {}, Inputs(checkpoints=[save]), HEAD) == [
+        (f"node 10.0.0.2: checkpoint {save} has no iter_0000020/metadata.json (a save that did not finish) (the "
+         f"head's is complete: {SHARED_STORAGE_HINT})")]
 
 
 def test_megatrons_tracker_names_its_directory() -> None:

@@ -103,6 +103,7 @@ def test_the_scripts_start_a_cluster_from_a_hostfile(tmp_path: Path, nodes: int)
     checked = check_job(result)
     assert checked["--expect"] == [",".join([MASTER, *workers(nodes)])] and checked["--nodes"] == [str(nodes)]
     assert checked["--address"] == [f"{MASTER}:6379"]  # a Ray driver on the head
+    assert checked["--interface"] == ["GLOO_SOCKET_IFNAME=lo", "NCCL_SOCKET_IFNAME=lo"]  # each node's, as it joined
     (token,) = checked["--token"]
     assert token.startswith(str(tmp_path / "out/checkpoints/grpo/.tau2-shared-check="))
     assert (checked["--data"], checked["--checkpoint"], checked["--hf-model"]) == (
@@ -187,6 +188,37 @@ def test_joining_a_running_cluster_starts_and_stops_nothing(tmp_path: Path) -> N
     env = runtime_env(options)["env_vars"]
     assert env["MASTER_ADDR"] == "10.1.0.1" and env["GLOO_SOCKET_IFNAME"] == env["NCCL_SOCKET_IFNAME"] == "lo"
     assert any("cluster_check" in " ".join(c) and "--address=http://10.1.0.1:8265" in c for c in result.commands)
+
+
+def test_joining_a_running_cluster_checks_the_interfaces_on_its_nodes_not_here(tmp_path: Path) -> None:
+    """The script may run off the cluster (it submits jobs to RAY_ADDRESS): the interface names are the nodes' to
+    have, and the cluster check asks each of them; this machine is not judged."""
+    result = dry("train_grpo.sh", tmp_path, RAY_ADDRESS="http://10.1.0.1:8265", NUM_NODES="2", GPUS_PER_NODE="8",
+                 GLOO_SOCKET_IFNAME="nosuch0", NCCL_SOCKET_IFNAME="=nosuch", TAU2_USER_API_BASE="http://10.1.0.1:30100/v1")
+    assert "nosuch" not in result.stderr
+    assert check_job(result)["--interface"] == ["GLOO_SOCKET_IFNAME=nosuch0", "NCCL_SOCKET_IFNAME==nosuch"]
+
+
+@pytest.mark.parametrize("script, save, init", [
+    ("train_grpo.sh", "out/checkpoints/grpo", "out/checkpoints/rft"),
+    ("train_sft.sh", "out/checkpoints/sft", "out/models/Qwen3-4B-Instruct-2507_torch_dist")])
+def test_the_check_covers_the_checkpoint_the_run_loads(tmp_path: Path, script: str, save: str, init: str) -> None:
+    """A fresh run loads the initial checkpoint, a resumed one its own save (the tracker there): the check names the
+    one slime's --load names. GRPO's reference model reads the initial one on every start (--ref-load, with
+    --use-kl-loss): still checked on a resume."""
+    save_dir, init_dir = str(tmp_path / save), str(tmp_path / init)
+    fresh = cluster(tmp_path, 2, script)
+    entry = "train.py" if script == "train_grpo.sh" else "train_async.py"
+    assert check_job(fresh)["--checkpoint"] == [init_dir] == [flags(slime_job(fresh, entry)[1])["--load"]]
+    (tmp_path / save).mkdir(parents=True)
+    (tmp_path / save / "latest_checkpointed_iteration.txt").write_text("20\n")
+    resumed = cluster(tmp_path, 2, script)
+    got = flags(slime_job(resumed, entry)[1])
+    assert got["--load"] == save_dir and "--finetune" not in got
+    if script == "train_grpo.sh":
+        assert check_job(resumed)["--checkpoint"] == [save_dir, init_dir] and got["--ref-load"] == init_dir
+    else:
+        assert check_job(resumed)["--checkpoint"] == [save_dir] and "--ref-load" not in got
 
 
 def test_each_node_announces_its_own_address(tmp_path: Path) -> None:
@@ -290,14 +322,15 @@ def test_a_loopback_user_simulator_is_refused_on_several_nodes(tmp_path: Path) -
 def test_an_interface_this_node_lacks_stops_a_real_run(tmp_path: Path) -> None:
     net = {**NETWORK, "NCCL_SOCKET_IFNAME": "nosuch0"}
     result = run_script("train_sft.sh", tmp_path, dry=False, HOSTFILE=hostfile(tmp_path, "10.0.0.2"), **net)
-    assert one_line_error(result).startswith("train_sft.sh: error: NCCL_SOCKET_IFNAME=nosuch0: no such network "
-                                             "interface on this node (")
+    assert one_line_error(result).startswith("train_sft.sh: error: NCCL_SOCKET_IFNAME=nosuch0 names no network "
+                                             "interface on this node (it has: ")
     warned = dry("train_sft.sh", tmp_path, HOSTFILE=hostfile(tmp_path, "10.0.0.2"), **net)
-    assert "warning: NCCL_SOCKET_IFNAME=nosuch0: no such network interface" in warned.stderr
-    # NCCL's syntax: a prefix names every interface it starts with; ^ excludes
+    assert "warning: NCCL_SOCKET_IFNAME=nosuch0 names no network interface" in warned.stderr
+    # NCCL's syntax (tests/test_cluster_net.py has the rules): a prefix names every interface it starts with; ^ excludes
     for value in ("l", "^docker0,lo", "=lo"):
-        dry("train_sft.sh", tmp_path, HOSTFILE=hostfile(tmp_path, "10.0.0.2"), **{**net, "NCCL_SOCKET_IFNAME": value})
-    assert "no such network interface" in run_script("train_sft.sh", tmp_path, dry=False, **{
+        assert "network interface" not in dry("train_sft.sh", tmp_path, HOSTFILE=hostfile(tmp_path, "10.0.0.2"),
+                                    **{**net, "NCCL_SOCKET_IFNAME": value}).stderr
+    assert "GLOO_SOCKET_IFNAME=l names no network interface" in run_script("train_sft.sh", tmp_path, dry=False, **{
         **net, "NCCL_SOCKET_IFNAME": "lo", "GLOO_SOCKET_IFNAME": "l"}).stderr  # Gloo takes exact names
 
 

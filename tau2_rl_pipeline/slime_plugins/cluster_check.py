@@ -1,7 +1,8 @@
-"""Before a multi-node slime run: every node the layout needs has joined the Ray cluster with its GPUs, and every node
-sees the stage's checkpoint and data paths where the head sees them (storage every node mounts at the same path),
-with the same content: the data file identical to the head's (size and sha256), the HF model and the initial
-Megatron checkpoint complete (cluster_inputs.py says what complete means for each).
+"""Before a multi-node slime run: every node the layout needs has joined the Ray cluster with its GPUs, has the network
+interfaces GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME name (cluster_net.py), and sees the stage's checkpoint and data
+paths where the head sees them (storage every node mounts at the same path), with the same content: the data file
+identical to the head's (size and sha256), the HF model and the Megatron checkpoint(s) the run loads complete
+(cluster_inputs.py says what complete means for each).
 
 Why: slime's actors on a worker load `--load` and save `--save` by path, and decide where a resumed run starts from
 `latest_checkpointed_iteration.txt` there; a worker with its own local directory would start at another rollout id
@@ -12,11 +13,12 @@ scripts/cluster.sh runs it on the head of a cluster it started (a Ray driver at 
 job on a cluster it joined (Slurm, KubeRay: `ray job submit -- python -m ...`, no --address):
 
     python -m tau2_rl_pipeline.slime_plugins.cluster_check --address 10.0.0.1:6379 --nodes 2 --gpus-per-node 8 \
-        --expect 10.0.0.1,10.0.0.2 --token /ckpt/grpo/.tau2-shared-check=TOKEN --data /data/tasks.jsonl \
-        --checkpoint /ckpt/rft --hf-model /models/Qwen3-4B
+        --expect 10.0.0.1,10.0.0.2 --interface GLOO_SOCKET_IFNAME=eth0 --token /ckpt/grpo/.tau2-shared-check=TOKEN \
+        --data /data/tasks.jsonl --checkpoint /ckpt/rft --hf-model /models/Qwen3-4B
 
 It prints `cluster check: ...` and exits 0, or prints one line `cluster check failed: ...` naming the node and what
-it lacks, and exits 1. `joined_problems` and `storage_problems` are the pure verdicts; Ray is at the edges.
+it lacks, and exits 1. `joined_problems`, `interface_problems` and `storage_problems` are the pure verdicts; Ray is
+at the edges.
 """
 
 from __future__ import annotations
@@ -38,14 +40,15 @@ from tau2_rl_pipeline.slime_plugins.cluster_inputs import (
     read_data,
     read_hf_model,
 )
+from tau2_rl_pipeline.slime_plugins.cluster_net import VARIABLES, Interfaces, interface_problem, read_interfaces
 
 SHARED_STORAGE_HINT = "put checkpoints and data on storage every node mounts at the same path"
 
 
 @dataclass(frozen=True)
 class NodeView:
-    """What one alive Ray node has and sees: its address, its GPUs, the token files' contents (None: not there) and
-    what it has at each input path (cluster_inputs.py)."""
+    """What one alive Ray node has and sees: its address, its GPUs, the token files' contents (None: not there), what
+    it has at each input path (cluster_inputs.py) and its network interfaces (cluster_net.py)."""
 
     ip: str
     gpus: float
@@ -53,6 +56,7 @@ class NodeView:
     data: dict[str, FileFacts] = field(default_factory=dict)
     models: dict[str, DirFacts] = field(default_factory=dict)
     checkpoints: dict[str, CheckpointFacts] = field(default_factory=dict)
+    interfaces: Interfaces = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -77,6 +81,14 @@ def joined_problems(nodes: list[NodeView], *, num_nodes: int, gpus_per_node: int
         detail = "".join(f"; {n.ip} gives Ray {n.gpus:g} GPU(s)" for n in short)
         return [f"the Ray cluster has {enough} node(s) with {gpus_per_node} GPUs, the layout needs {num_nodes}{detail}"]
     return []
+
+
+def interface_problems(nodes: list[NodeView], settings: list[tuple[str, str]], head: str) -> list[str]:
+    """Each node must have what each interface variable names (cluster_net.py's rules): every worker gets the head's
+    values on `ray start`, and a worker whose interface has another name would fail only in Gloo's or NCCL's setup.
+    The head's problems come first."""
+    return [f"node {node.ip}: {why}" for node in sorted(nodes, key=lambda n: n.ip != head)
+            for variable, value in settings if (why := interface_problem(variable, value, node.interfaces, "there"))]
 
 
 def storage_problems(nodes: list[NodeView], tokens: dict[str, str], inputs: Inputs, head: str) -> list[str]:
@@ -104,7 +116,7 @@ def _content_problems(node: NodeView, ref: NodeView, inputs: Inputs) -> list[str
         elif why := data_differs(facts, ref.data.get(path, FileFacts(None))):
             out.append(f"node {node.ip}: data file {path} {why}: {SHARED_STORAGE_HINT}")
     kinds = (("HF model", inputs.models, node.models, ref.models, hf_model_missing, DirFacts(None)),
-             ("initial checkpoint", inputs.checkpoints, node.checkpoints, ref.checkpoints, checkpoint_missing,
+             ("checkpoint", inputs.checkpoints, node.checkpoints, ref.checkpoints, checkpoint_missing,
               CheckpointFacts(DirFacts(None))))
     for what, paths, got, heads, missing, absent in kinds:
         for path in paths:
@@ -118,8 +130,8 @@ def _content_problems(node: NodeView, ref: NodeView, inputs: Inputs) -> list[str
     return out
 
 
-def _read(tokens: list[str], inputs: Inputs) -> tuple[dict[str, str | None], dict, dict, dict]:
-    """On one node: the token files' contents and what is at each input path."""
+def _read(tokens: list[str], inputs: Inputs) -> tuple[dict[str, str | None], dict, dict, dict, Interfaces]:
+    """On one node: the token files' contents, what is at each input path, its network interfaces."""
     got: dict[str, str | None] = {}
     for path in tokens:
         try:
@@ -128,7 +140,7 @@ def _read(tokens: list[str], inputs: Inputs) -> tuple[dict[str, str | None], dic
         except OSError:
             got[path] = None
     return (got, {p: read_data(p) for p in inputs.data}, {p: read_hf_model(p) for p in inputs.models},
-            {p: read_checkpoint(p) for p in inputs.checkpoints})
+            {p: read_checkpoint(p) for p in inputs.checkpoints}, read_interfaces())
 
 
 def alive_nodes() -> list[dict]:
@@ -167,6 +179,13 @@ def parse_token(text: str) -> tuple[str, str]:
     return path, token
 
 
+def parse_interface(text: str) -> tuple[str, str]:
+    variable, _, value = text.partition("=")  # NCCL's exact names start with `=`: NCCL_SOCKET_IFNAME==eth0
+    if variable not in VARIABLES or not value:
+        raise argparse.ArgumentTypeError(f"{text!r} is not NAME=VALUE with NAME one of {', '.join(VARIABLES)}")
+    return variable, value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--address", default=None,
@@ -174,6 +193,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--nodes", type=int, required=True, help="nodes the layout needs")
     parser.add_argument("--gpus-per-node", type=int, required=True, help="Ray GPUs each of them must give")
     parser.add_argument("--expect", default="", help="comma-separated node addresses that must have joined")
+    parser.add_argument("--interface", type=parse_interface, action="append", default=[],
+                        help="NAME=VALUE: an interface variable every node gets; it must name an interface of each")
     parser.add_argument("--token", type=parse_token, action="append", default=[],
                         help="PATH=TOKEN: a file the head wrote; every node must read TOKEN from PATH")
     parser.add_argument("--data", action="append", default=[],
@@ -181,7 +202,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--hf-model", action="append", default=[],
                         help="a Hugging Face model directory every node must have complete: config.json, weights")
     parser.add_argument("--checkpoint", action="append", default=[],
-                        help="a Megatron checkpoint directory every node must have complete: the tracked iteration")
+                        help="a Megatron checkpoint the run loads, complete on every node: its tracked iteration")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for the nodes to join")
     return parser
 
@@ -206,14 +227,15 @@ def main(argv: list[str] | None = None) -> int:
     if not problems:
         views = read_on_every_node(views, list(tokens), inputs)
         head = args.address.rsplit(":", 1)[0] if args.address else ray.util.get_node_ip_address()
-        problems = storage_problems(views, tokens, inputs, head)
+        problems = interface_problems(views, args.interface, head) + storage_problems(views, tokens, inputs, head)
     if problems:
         print(f"cluster check failed: {problems[0]}" + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""))
         return 1
     print(f"cluster check: {len(views)} node(s) joined ({', '.join(sorted(v.ip for v in views))}); on every node "
           f"{len(tokens)} file(s) written on the head read back, {len(inputs.data)} data file(s) identical to the "
           f"head's (size, sha256), {len(inputs.models)} HF model(s) and {len(inputs.checkpoints)} Megatron "
-          "checkpoint(s) complete")
+          "checkpoint(s) complete" + "".join(f"; {v}={x} names an interface with an address"
+                                            for v, x in args.interface))
     return 0
 
 

@@ -7,7 +7,8 @@ Three kinds of input, each read on a node into plain facts (the only I/O here: `
 - the data file (prompts, SFT samples): its size and sha256, which must equal the head's;
 - the Hugging Face model (`--hf-checkpoint`: SGLang loads it, slime reads its config and tokenizer): config.json and
   weight files (*.safetensors or *.bin); where an index (`*.index.json`) is present, every shard its weight_map names;
-- the initial Megatron checkpoint (`--load`, `--ref-load`): as Megatron reads one
+- the Megatron checkpoint a run loads (`--load`: the initial one, or the run's own save on a resume; GRPO's
+  `--ref-load`): as Megatron reads one
   (megatron/training/checkpointing.py at the commit slime pins): `latest_checkpointed_iteration.txt` holding an
   iteration or `release` (slime's tools/convert_hf_to_torch_dist.py writes `release` and moves its save there),
   naming the directory `iter_NNNNNNN` or `release`; in it what megatron/core/dist_checkpointing writes: `common.pt`

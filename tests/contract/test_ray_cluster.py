@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import signal
 import socket
@@ -28,6 +29,7 @@ from pathlib import Path
 
 import pytest
 from contract_tier import MEGATRON_DIR, SGLANG_DOUBLE, SLIME_DIR
+from test_cluster_check import write_checkpoint
 from test_cluster_scripts import plan
 from test_scripts import ROOT, Result, flags, run_script, slime_job
 
@@ -194,7 +196,8 @@ def test_the_scripts_start_a_two_node_cluster_and_check_it(ray_cluster: dict, dr
     assert nodes == {HEAD: GPUS_PER_NODE, WORKER: GPUS_PER_NODE}
     assert (f"cluster check: 2 node(s) joined ({HEAD}, {WORKER}); on every node 1 file(s) written on the head read "
             "back, 1 data file(s) identical to the head's (size, sha256), 0 HF model(s) and 0 Megatron checkpoint(s) "
-            "complete") in ray_cluster["stderr"]
+            "complete; GLOO_SOCKET_IFNAME=lo names an interface with an address; NCCL_SOCKET_IFNAME=lo names an "
+            "interface with an address") in ray_cluster["stderr"]
     joined = [c[2] for c in Result(0, ray_cluster["stdout"], "").commands if c[:2] == ["bash", "-c"]]
     assert len(joined) == 1 and f"--node-ip-address {WORKER}" in joined[0] and f"SLIME_HOST_IP={WORKER}" in joined[0]
     assert f"ray start --address {HEAD}:{ray_cluster['env']['RAY_GCS_PORT']}" in joined[0]
@@ -232,3 +235,41 @@ def test_the_check_names_a_worker_that_did_not_join_and_a_node_that_lacks_an_inp
     assert problems == [line for ip in (HEAD, WORKER) for line in (
         f"node {ip} does not see /nonexistent/data: {check.SHARED_STORAGE_HINT}",
         f"node {ip}: HF model {ray_cluster['base']} has no config.json")]
+
+
+def run_check(ray_cluster: dict, *args: str) -> tuple[int, list[str]]:
+    """The cluster check as scripts/cluster.sh runs it on the head (a second driver beside the test's): its exit
+    status and the lines it printed."""
+    env = {**ray_cluster["env"], "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-m", "tau2_rl_pipeline.slime_plugins.cluster_check", "--address",
+                           f"{HEAD}:{env['RAY_GCS_PORT']}", "--nodes", "2", "--gpus-per-node", str(GPUS_PER_NODE),
+                           "--expect", f"{HEAD},{WORKER}", "--timeout", "60", *args], env=env, capture_output=True,
+                          text=True, timeout=150, check=False)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("cluster check")]
+    assert len(lines) == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.returncode, lines
+
+
+def test_the_check_refuses_a_resume_whose_tracked_iteration_is_incomplete(ray_cluster: dict, driver: None) -> None:
+    """A resumed run loads its own save (train_grpo.sh and train_sft.sh check it: test_cluster_scripts.py): a tracked
+    iteration without the metadata.json Megatron writes last stops the run in one line, naming the node; each node
+    reads its own copy (one directory here, so the worker's line is the "1 more")."""
+    save = write_checkpoint(ray_cluster["base"] / "checkpoints/grpo", tracker="20")
+    (save / "iter_0000020/metadata.json").rename(save / "metadata.json.partial")
+    assert run_check(ray_cluster, "--checkpoint", str(save)) == (1, [
+        f"cluster check failed: node {HEAD}: checkpoint {save} has no iter_0000020/metadata.json (a save that did not "
+        "finish) (and 1 more)"])
+    (save / "metadata.json.partial").rename(save / "iter_0000020/metadata.json")
+    rc, (line,) = run_check(ray_cluster, "--checkpoint", str(save))
+    assert rc == 0 and "0 HF model(s) and 1 Megatron checkpoint(s) complete" in line
+
+
+def test_the_check_refuses_an_interface_name_a_node_lacks(ray_cluster: dict, driver: None) -> None:
+    """Each node's task reads that node's interfaces (cluster_net.py: Gloo's exact names, NCCL's prefixes)."""
+    rc, (line,) = run_check(ray_cluster, "--interface", "NCCL_SOCKET_IFNAME=l", "--interface", "GLOO_SOCKET_IFNAME=l")
+    said = re.fullmatch(rf"cluster check failed: node {HEAD}: GLOO_SOCKET_IFNAME=l names no network interface there "
+                        r"\(it has: (.*)\) \(and 1 more\)", line)
+    assert rc == 1 and said and "lo" in said[1].split(", "), line
+    rc, (line,) = run_check(ray_cluster, "--interface", "NCCL_SOCKET_IFNAME=l", "--interface", "GLOO_SOCKET_IFNAME=lo")
+    assert rc == 0 and line.endswith("; NCCL_SOCKET_IFNAME=l names an interface with an address; GLOO_SOCKET_IFNAME=lo "
+                                     "names an interface with an address")
