@@ -309,7 +309,8 @@ size_stage() {
   if [[ -n "${HOST_MEM_GB}" ]]; then host=(--host-mem-gb "${HOST_MEM_GB}"); elif ! is_dry; then host=(--meminfo /proc/meminfo); fi
   scale_cli check --prog "${PROG}" --name "${MODEL}" --model-file "${MODEL_ARGS_SCRIPT}" --stage "${stage}" \
     --tp "${TRAIN_TP}" --pp "${TRAIN_PP}" --cp "${TRAIN_CP}" --ep "${TRAIN_EP}" --cpu-adam "${CPU_ADAM}" \
-    --engine-gpus "${ROLLOUT_GPUS_PER_ENGINE}" --force "${SIZING_FORCE}" "${turns[@]}" "${host[@]}" "$@" || exit 1
+    --engine-gpus "${ROLLOUT_GPUS_PER_ENGINE}" --node-gpus "${GPUS_PER_NODE}" --force "${SIZING_FORCE}" "${turns[@]}" \
+    "${host[@]}" "$@" || exit 1
 }
 
 # ---- slime / Ray ----------------------------------------------------------------------------------------------

@@ -129,6 +129,19 @@ def test_every_slime_stage_prints_host_memory_per_node(base: Path) -> None:
     assert "(of HOST_MEM_GB=1024, 95% usable)" in enough and "warning: host memory" not in enough
 
 
+def test_async_grpo_on_two_nodes_counts_each_nodes_own_host_memory(tmp_path: Path) -> None:
+    """The scripts give the sheet GPUS_PER_NODE: async GRPO on 2 nodes x 4 trains on one and rolls out on the other,
+    and the host memory printed is the heavier node's (training actors only), not actors and engines on one node."""
+    hosts = tmp_path / "hostfile"
+    hosts.write_text("10.0.0.1 slots=8\n10.0.0.2 slots=8\n")
+    result = run_script("train_grpo.sh", tmp_path, GRPO_ASYNC="1", HOSTFILE=str(hosts), MASTER_ADDR="10.0.0.1",
+                        SLIME_HOST_IP="10.0.0.1", GLOO_SOCKET_IFNAME="lo", NCCL_SOCKET_IFNAME="lo",
+                        TAU2_USER_API_BASE="http://10.0.0.1:30100/v1")
+    assert result.rc == 0, result.stderr[-2000:]
+    (line,) = [x for x in result.stderr.splitlines() if "host memory, " in x]
+    assert "host memory, the heaviest of 2 nodes: " in line and "4 training actor(s)" in line and "SGLang" not in line
+
+
 def test_recipe_sets_the_published_protocol(base: Path) -> None:
     result = cached_dry("train_grpo.sh", base, RECIPE="qwen3-8b-tau2")
     options, argv = slime_job(result, "train.py")

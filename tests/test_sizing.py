@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from tau2_rl_pipeline.scale import cli
+from tau2_rl_pipeline.scale.placement import node_loads
 from tau2_rl_pipeline.scale.presets import DEFAULT_MODEL, PRESETS, RECIPES, defaults, layout_for
 from tau2_rl_pipeline.scale.sizing import (
     ACTOR_BASE,
@@ -22,6 +23,7 @@ from tau2_rl_pipeline.scale.sizing import (
     Model,
     Work,
     model_args_from_file,
+    render,
     size,
     tokens_per_episode,
 )
@@ -138,6 +140,32 @@ def test_host_memory_per_node_matches_the_public_report_and_refuses_over_host_me
     assert over.refusal.line.startswith("host memory: a node needs 1000.2 GiB, over 95% of HOST_MEM_GB=1007.5")
     two = size(m, replace(one, nodes=2, gpus_per_node=4, host_mem=int(1007.5 * GIB)), Work(16, 4, 30))
     assert two.refusal is None and two.host_per_node == pytest.approx(500.1 * GIB, abs=0.05 * GIB)
+
+
+def test_each_node_holds_what_slimes_order_gives_it() -> None:
+    """(training actors, SGLang GPUs) per node: the actor's GPUs first, the rollout's next (the same ones colocated)."""
+    assert node_loads(8, 8, 4, colocated=True) == [(4, 4), (4, 4)]  # sync GRPO, 2 nodes x 4
+    assert node_loads(4, 4, 4, colocated=False) == [(4, 0), (0, 4)]  # async GRPO, 2 nodes x 4
+    assert node_loads(8, 8, 4, colocated=False) == [(4, 0), (4, 0), (0, 4), (0, 4)]  # async, 4 nodes x 4
+    assert node_loads(2, 2, 4, colocated=False) == [(2, 2)]  # async on one node: half trains, half rolls out
+    assert node_loads(0, 4, 4, colocated=False) == [(0, 4)]  # the RFT policy server
+    assert node_loads(16, 0, 8, colocated=False) == [(8, 0), (8, 0)]  # SFT
+    with pytest.raises(ValueError, match="node_gpus must be at least 1"):
+        node_loads(4, 4, 0, colocated=False)
+
+
+def test_async_grpo_counts_the_host_memory_of_the_node_that_holds_it() -> None:
+    """Async GRPO on 2 nodes x 4: the training node holds 4 actors and no engine, the rollout node 4 engines; the
+    sheet's host memory is the heavier node's (it counted 4 actors + 4 engines on one node before)."""
+    m = model("qwen3-30b-a3b")
+    lay = Layout(nodes=1, gpus_per_node=4, tp=4, ep=4, cpu_adam=True, rollout_gpus=4, engine_gpus=4, node_gpus=4)
+    sheet = size(m, lay, Work(16, 4, 30))
+    assert sheet.host_per_node == max(4 * sheet.host_per_actor, 4 * ENGINE_HOST) == 4 * sheet.host_per_actor
+    line = next(x for x in render("qwen3-30b-a3b", lay, Work(16, 4, 30), sheet) if "host memory" in x)
+    assert line.startswith("  host memory, the heaviest of 2 nodes: ") and "4 training actor(s)" in line
+    assert "SGLang" not in line
+    one_node = size(m, replace(lay, gpus_per_node=2, rollout_gpus=2), Work(16, 4, 30))  # both on one node of 4
+    assert one_node.host_per_node == 2 * one_node.host_per_actor + 2 * ENGINE_HOST
 
 
 def test_expert_parallel_splits_the_experts() -> None:

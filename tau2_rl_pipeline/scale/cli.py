@@ -59,6 +59,7 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--stage", choices=["sft", "grpo", "policy-server"], required=True)
     for flag in ("--nodes", "--gpus-per-node", "--tp", "--pp", "--cp", "--ep", "--max-tokens-per-gpu", "--engine-gpus"):
         c.add_argument(flag, type=int, default=1)
+    c.add_argument("--node-gpus", type=int, default=0)  # GPUs each node gives Ray (GPUS_PER_NODE); 0: --gpus-per-node
     for flag in ("--rollout-gpus", "--rollout-batch", "--samples"):  # 0: no rollout (SFT)
         c.add_argument(flag, type=int, default=0)
     # The episode's turn cap: TAU2_MAX_TURNS when the script has it, else Tau2Config's default.
@@ -80,7 +81,8 @@ def check(a: argparse.Namespace) -> int:
     lay = Layout(nodes=a.nodes, gpus_per_node=a.gpus_per_node, tp=a.tp, pp=a.pp, cp=a.cp, ep=a.ep,
                  cpu_adam=bool(a.cpu_adam), max_tokens_per_gpu=a.max_tokens_per_gpu, rollout_gpus=a.rollout_gpus,
                  engine_gpus=a.engine_gpus, mem_fraction=a.mem_fraction, colocated=bool(a.colocated), train=train,
-                 loss="sft" if a.stage == "sft" else "grpo", host_mem=int(a.host_mem_gb * GIB))
+                 loss="sft" if a.stage == "sft" else "grpo", host_mem=int(a.host_mem_gb * GIB),
+                 node_gpus=a.node_gpus)
     work = Work(rollout_batch=a.rollout_batch, samples=a.samples, max_turns=a.max_turns)
     sheet = size(model, lay, work)
     for line in render(a.name, lay, work, sheet):

@@ -42,6 +42,7 @@ import math
 import shlex
 from dataclasses import dataclass, field, replace
 
+from tau2_rl_pipeline.scale.placement import node_loads
 from tau2_rl_pipeline.scale.turns import mean_turns
 
 GIB = 1024**3
@@ -182,6 +183,11 @@ class Layout:
     train: bool = True  # False: an SGLang server alone (the RFT policy server)
     loss: str = "grpo"  # "grpo" or "sft": the logits' bytes and the weight backups (a KL reference in GRPO)
     host_mem: int = 0  # bytes of host memory a node has (HOST_MEM_GB); 0: unknown, not checked
+    node_gpus: int = 0  # GPUs each node gives Ray (GPUS_PER_NODE); 0: gpus_per_node
+
+    def node_loads(self) -> list[tuple[int, int]]:  # (training actors, SGLang GPUs) per node, in slime's order
+        return node_loads(self.world if self.train else 0, self.rollout_gpus, self.node_gpus or self.gpus_per_node,
+                          self.colocated)
 
     @property
     def world(self) -> int:
@@ -303,9 +309,8 @@ def train_memory(m: Model, lay: Layout) -> dict[str, int]:
 
 
 def host_per_node(lay: Layout, per_actor: int) -> int:
-    """A node's host bytes: its training actors and its share of the SGLang GPUs (spread over the nodes)."""
-    actors = lay.gpus_per_node if lay.train else 0
-    return actors * per_actor + math.ceil(lay.rollout_gpus / lay.nodes) * ENGINE_HOST
+    """The heaviest node's host bytes: its training actors and its SGLang GPUs."""
+    return max(actors * per_actor + engines * ENGINE_HOST for actors, engines in lay.node_loads())
 
 
 def sglang_memory(m: Model, lay: Layout) -> dict[str, int]:
@@ -380,16 +385,18 @@ def render(name: str, lay: Layout, work: Work, sheet: Sheet) -> list[str]:
 
 
 def host_line(lay: Layout, sheet: Sheet) -> str:
-    """Host memory per node, in parts, against HOST_MEM_GB when it is known."""
-    engines = math.ceil(lay.rollout_gpus / lay.nodes)
+    """Host memory per node, in parts (the heaviest node's, when nodes differ), against HOST_MEM_GB when known."""
+    loads = lay.node_loads()
+    actors, engines = max(loads, key=lambda load: load[0] * sheet.host_per_actor + load[1] * ENGINE_HOST)
     parts = []
-    if lay.train:
+    if actors:
         adam = f"CPU Adam {gib(sheet.cpu_adam_host_per_node / lay.gpus_per_node)} + " if lay.cpu_adam else ""
-        parts.append(f"{lay.gpus_per_node} training actor(s) x {gib(sheet.host_per_actor)} ({adam}weight backups "
+        parts.append(f"{actors} training actor(s) x {gib(sheet.host_per_actor)} ({adam}weight backups "
                      f"{gib(sheet.host_per_actor - sheet.cpu_adam_host_per_node / lay.gpus_per_node - ACTOR_BASE)} "
                      f"+ process {gib(ACTOR_BASE)})")
     if engines:
         parts.append(f"{engines} SGLang GPU(s) x {gib(ENGINE_HOST)}")
     limit = (f" (of HOST_MEM_GB={lay.host_mem / GIB:g}, {RAY_MEMORY_THRESHOLD:.0%} usable)" if lay.host_mem
              else " (HOST_MEM_GB unset: not checked)")
-    return f"  host memory, per node: {gib(sheet.host_per_node)} GiB = " + " + ".join(parts) + limit
+    which = "per node" if len(set(loads)) == 1 else f"the heaviest of {len(loads)} nodes"
+    return f"  host memory, {which}: {gib(sheet.host_per_node)} GiB = " + " + ".join(parts) + limit

@@ -30,12 +30,15 @@ from test_scripts import ROOT, Result
 
 from tau2_rl_pipeline.testing import hosts as hosts_mod
 
-# The tier brings up a Ray cluster of 2 and of 4 separate hosts and runs slime's job on each: 5-15 minutes on 2
-# cores, more than the test command's budget. CI runs it as its own step (.ci/run); by hand:
-#   TAU2_HOSTS_TIER=1 TAU2_TEST_WORKERS=0 bash scripts/test.sh tests/contract/test_hosts_cluster.py
+# The tier (this module and test_hosts_faults.py) brings up Ray clusters of 2 and 4 separate hosts and runs slime's
+# job on them, then seven runs of train_grpo.sh that each meet a fault: 20-30 minutes on 2 cores, more than the test
+# command's budget. CI runs it as its own step (.ci/run); by hand:
+#   TAU2_HOSTS_TIER=1 TAU2_TEST_WORKERS=0 bash scripts/test.sh tests/contract/test_hosts_cluster.py \
+#     tests/contract/test_hosts_faults.py
+TIER = "tests/contract/test_hosts_cluster.py tests/contract/test_hosts_faults.py"
 WHY_NOT = hosts_mod.unavailable() or (None if os.environ.get("TAU2_HOSTS_TIER") == "1" else
-                                      "its own step: TAU2_HOSTS_TIER=1 TAU2_TEST_WORKERS=0 bash scripts/test.sh "
-                                      "tests/contract/test_hosts_cluster.py (CI runs it)")
+                                      f"its own step: TAU2_HOSTS_TIER=1 TAU2_TEST_WORKERS=0 bash scripts/test.sh {TIER} "
+                                      "(CI runs it)")
 # One cluster per layout is brought up by the fixture of its first test: Ray, slime's imports and a tiny model per
 # engine on a loaded 2-core machine take longer than the suite's per-test limit.
 pytestmark = [pytest.mark.skipif(WHY_NOT is not None, reason=f"namespaced hosts tier skipped: {WHY_NOT}"),
