@@ -321,7 +321,8 @@ ray_stop_cluster() {
   if [[ "${RAY_WORKER_LAUNCH}" == ssh ]]; then
     for ip in "${WORKERS_STARTED[@]}"; do
       worker_cmd "${ip}" "ray stop"
-      run "${WORKER_CMD[@]}" || note "warning: ray stop on worker ${ip} failed"
+      run "${WORKER_CMD[@]}" ||
+        note "warning: ray stop on worker ${ip} failed: its leash stops its Ray once the head has been silent for RAY_HEAD_LOST_TIMEOUT=${RAY_HEAD_LOST_TIMEOUT} s; if it answers ssh again, run ray stop there"
     done
   fi
   WORKERS_STARTED=()
@@ -424,7 +425,7 @@ watched_job() {
   if kill -0 "${job}" 2>/dev/null; then
     line="$(grep -m1 -E '^cluster watch: (worker|the head) ' "${log}" || true)"
     if [[ -n "${line}" ]]; then
-      stop_process "${job}"
+      stop_process "${job}" 2>/dev/null  # not bash's "Aborted" for it
       die "${line#cluster watch: }; the job is stopped: run the same command again to resume from its last checkpoint"
     fi
     note "warning: the cluster watch ended without a verdict ($(tail -n 1 "${log}")); the job goes on unwatched"

@@ -160,6 +160,10 @@ if [[ "${GRPO_PROMPT_DATA}" == "${GRPO_TASKS}" ]]; then  # what scripts/pipeline
 else
   require_file "${GRPO_PROMPT_DATA}" "GRPO task index (python -m tau2_rl_pipeline.benchmark.tasks)"
 fi
+# slime's data source hands out no sample from a file without a row, and its rollout asks again with no end.
+if [[ -f "${GRPO_PROMPT_DATA}" ]] && ! grep -q '[^[:space:]]' "${GRPO_PROMPT_DATA}"; then
+  problem "GRPO task index ${GRPO_PROMPT_DATA} holds no task: slime's rollout would wait for one with no end (did the difficulty stage keep none?)"
+fi
 if [[ "${GRPO_ALGORITHM}" == awsft ]] && ! grep -q '"reference_pass_rate"' "${GRPO_PROMPT_DATA}"; then
   note "GRPO_ALGORITHM=awsft: no task in ${GRPO_PROMPT_DATA} has a reference_pass_rate (the difficulty stage writes it): each weight follows the batch z-score of the rewards"
 fi

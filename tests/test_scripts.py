@@ -956,3 +956,17 @@ def test_a_stage_run_through_another_names_itself_and_grpo_names_where_its_tasks
     assert "the difficulty stage's train tasks" in filtered.stderr, filtered.stderr
     alone = run_script("train_grpo.sh", tmp_path, GRPO_PROMPT_DATA=str(tmp_path / "all.jsonl"))
     assert "python -m tau2_rl_pipeline.benchmark.tasks" in alone.stderr and "difficulty" not in alone.stderr
+
+
+def test_a_task_index_without_a_task_stops_a_real_grpo_run(tmp_path: Path) -> None:
+    """slime's data source gives no sample from an empty prompt file and its rollout asks again with no end: a real
+    run stops in one line before anything starts (a dry run warns); one task is enough."""
+    index = tmp_path / "tasks.jsonl"
+    index.write_text("\n  \n")
+    dry = run_script("train_grpo.sh", tmp_path, GRPO_PROMPT_DATA=str(index))
+    assert dry.rc == 0 and f"warning: GRPO task index {index} holds no task" in dry.stderr
+    real = run_script("train_grpo.sh", tmp_path, dry=False, GRPO_PROMPT_DATA=str(index))
+    assert real.rc == 1 and "ray" not in real.stdout
+    assert f"error: GRPO task index {index} holds no task" in real.stderr.strip().splitlines()[-1]
+    index.write_text('{"task_id": "1"}\n')
+    assert "holds no task" not in run_script("train_grpo.sh", tmp_path, GRPO_PROMPT_DATA=str(index)).stderr

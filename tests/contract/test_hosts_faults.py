@@ -210,6 +210,11 @@ def test_the_fault_stops_the_run_with_one_line_naming_the_host(faults: dict, fau
     pattern = EXPECTED_LINE[fault].format(worker=re.escape(faults["worker"]), head=re.escape(faults["head"]))
     assert record["rc"] != 0 and record["error"] and re.search(pattern, record["error"]), record["stderr"]
     assert not [line for line in record["stderr"] if "Traceback" in line]
+    after = record["stderr"][record["stderr"].index(record["error"]) + 1:]
+    assert not [line for line in after if "error" in line], after  # only the cluster stop's notes follow
+    if fault == "link cut":  # the head cannot stop the cut worker's Ray over ssh, and says who will
+        assert any(f"warning: ray stop on worker {faults['worker']} failed: its leash stops its Ray" in line
+                   for line in after), after
 
 
 @pytest.mark.parametrize("fault", FAULTS)
