@@ -437,5 +437,6 @@ watched_job() {
   stop_process "${watch}"
   line="$(grep -m1 -E '^cluster watch: (worker|the head) ' "${log}" || true)"
   ((rc == 0)) || [[ -z "${line}" ]] || die "${line#cluster watch: }; the job ended (exit ${rc}): run the same command again to resume from its last checkpoint"
+  [[ -z "${line}" ]] || note "warning: ${line#cluster watch: } (the job had ended: exit 0)"
   return "${rc}"
 }

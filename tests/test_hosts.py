@@ -137,9 +137,10 @@ def test_the_faults_one_machine_of_a_cluster_meets(tmp_path: Path) -> None:
 
         hosts.set_link(1, up=False)
         cut = ssh("true")
-        assert cut.returncode == 255 and "timed out" in cut.stderr  # nothing answers: no refusal, no route error
+        # nothing answers: no refusal; the connect times out, or the failed neighbour lookup says no route
+        assert cut.returncode == 255 and ("timed out" in cut.stderr or "No route to host" in cut.stderr), cut.stderr
         hosts.set_link(1, up=True)
-        assert ssh("true").returncode == 0
+        assert ssh("true").returncode == 0  # at once: no "No route to host" left from the failed lookups
         hosts.refuse_ssh(1, refused=True)
         refused = ssh("true")
         assert refused.returncode == 255 and "Permission denied" in refused.stderr

@@ -259,8 +259,13 @@ class Hosts:
 
     # ---- faults, as they happen to one machine of a cluster ----------------------------------------------------
     def set_link(self, i: int, up: bool, interface: str = "eth0") -> None:
-        """Host i's network link down (a cut cable, a dead switch port: packets vanish, nothing is refused) or up."""
+        """Host i's network link down (a cut cable, a dead switch port: packets vanish, nothing is refused) or up.
+        Up, every host forgets the neighbours it failed to find meanwhile (else the kernel answers "No route to host"
+        for a while after, until its failed ARP entries expire), as a repaired link is reached at once."""
         _sh("ip", "-n", self.hosts[i].netns, "link", "set", interface, "up" if up else "down")
+        if up:
+            for host in self.hosts:
+                _sh("ip", "-n", host.netns, "neigh", "flush", "all")
 
     def rename_interface(self, i: int, old: str, new: str) -> None:
         """Host i's interface under another name (its address and route stay), as machines of two images differ."""
