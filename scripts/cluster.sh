@@ -23,10 +23,8 @@ RAY_WORKER_LAUNCH="${RAY_WORKER_LAUNCH:-ssh}"
 RAY_SSH="${RAY_SSH:-ssh -o BatchMode=yes -o ConnectTimeout=10}"
 RAY_JOIN_TIMEOUT="${RAY_JOIN_TIMEOUT:-120}"
 RAY_TEMP_DIR="${RAY_TEMP_DIR:-}"
-RAY_HEAD_LOST_TIMEOUT="${RAY_HEAD_LOST_TIMEOUT:-60}"
 require_choice RAY_WORKER_LAUNCH "${RAY_WORKER_LAUNCH}" ssh local
 require_uint RAY_JOIN_TIMEOUT "${RAY_JOIN_TIMEOUT}"
-require_uint RAY_HEAD_LOST_TIMEOUT "${RAY_HEAD_LOST_TIMEOUT}"
 [[ -n "${HOSTFILE}" && -n "${RAY_ADDRESS}" ]] &&
   die "HOSTFILE and RAY_ADDRESS are both set: start a cluster from a hostfile or join one that is up, not both"
 [[ -z "${RAY_ADDRESS}" || "${RAY_ADDRESS}" =~ ^https?://[^/]+:[0-9]+/?$ ]] ||
@@ -253,17 +251,7 @@ worker_join_line() {
   local quoted
   quoted="$(printf '%q ' "${cmd[@]}")"
   printf 'cd %q && %s' "${SLIME_DIR}" "${quoted% }"
-  [[ "${RAY_WORKER_LAUNCH}" != ssh ]] || printf ' && %s' "$(head_leash_line)"
-}
-
-# After a worker's `ray start` over ssh: a loop on that worker that stops its Ray once the head's GCS has not
-# answered for RAY_HEAD_LOST_TIMEOUT seconds, and ends by itself (within 5 s) once that worker's raylet is gone (the
-# EXIT trap's `ray stop`). Why: a worker cut off from the head (its link down, the head's Ray killed, the head
-# machine gone) keeps its raylet and what it started with no end: the head's `ray stop` cannot reach it, and Ray's
-# raylet does not exit while its link is down (measured on the namespaced hosts: tests/contract/test_hosts_faults.py).
-head_leash_line() {
-  local loop="last=\${SECONDS}; while sleep 5; do pgrep -x raylet >/dev/null || exit 0; if timeout 5 bash -c 'exec 3<>/dev/tcp/${MASTER_ADDR}/${RAY_GCS_PORT}' 2>/dev/null; then last=\${SECONDS}; elif ((SECONDS - last >= ${RAY_HEAD_LOST_TIMEOUT})); then exec ray stop; fi; done"
-  printf '{ nohup setsid bash -c %q </dev/null >/dev/null 2>&1 & }' "${loop}"
+  [[ "${RAY_WORKER_LAUNCH}" != ssh ]] || printf ' && %s' "$(head_leash_line)"  # cluster_watch.sh
 }
 
 # The head runs here: MASTER_ADDR and SLIME_HOST_IP must be addresses of this node (a 127.x address always is), as
@@ -390,53 +378,4 @@ ray_cluster_up() {
     ray_start_workers
   fi
   cluster_check "$@"
-}
-
-# Stop child process $1: SIGTERM, then SIGKILL if it has not ended within 15 s (a Ray driver's SIGTERM handler shuts
-# Ray down, which waits for the node that was lost).
-stop_process() {
-  local i
-  kill "$1" 2>/dev/null || return 0
-  for ((i = 0; i < 15; i++)); do kill -0 "$1" 2>/dev/null || break; sleep 1; done
-  kill -9 "$1" 2>/dev/null || true
-  wait "$1" 2>/dev/null || true
-}
-
-# Run the job ($@) and, on a cluster this script started on several nodes, the watch beside it
-# (tau2_rl_pipeline/slime_plugins/cluster_watch.py): the first node that leaves the Ray cluster (a link cut, a
-# raylet killed, the head's Ray gone) stops the job with one line naming that node, where the job would wait with no
-# end. A job that fails by itself gets the watch's word for a few seconds, in case a node's loss is why. With
-# RAY_ADDRESS the cluster's own manager (Slurm, KubeRay) watches its nodes; one node has nothing to watch.
-watched_job() {
-  if is_dry || ((NUM_NODES == 1)) || [[ -n "${RAY_ADDRESS}" ]]; then
-    run "$@"
-    return
-  fi
-  local log="${LOG_DIR}/cluster_watch.log" watch job rc=0 line i
-  mkdir -p "${LOG_DIR}"
-  show_cmd "$@"
-  env PYTHONPATH="${TAU2_ROOT}" "${PYTHON}" -m tau2_rl_pipeline.slime_plugins.cluster_watch \
-    --address "${MASTER_ADDR}:${RAY_GCS_PORT}" --expect "$(IFS=,; printf '%s' "${MASTER_ADDR},${WORKERS[*]}")" \
-    >"${log}" 2>&1 &
-  watch=$!
-  "$@" &
-  job=$!
-  wait -n "${job}" "${watch}" || true
-  if kill -0 "${job}" 2>/dev/null; then
-    line="$(grep -m1 -E '^cluster watch: (worker|the head) ' "${log}" || true)"
-    if [[ -n "${line}" ]]; then
-      stop_process "${job}" 2>/dev/null  # not bash's "Aborted" for it
-      die "${line#cluster watch: }; the job is stopped: run the same command again to resume from its last checkpoint"
-    fi
-    note "warning: the cluster watch ended without a verdict ($(tail -n 1 "${log}")); the job goes on unwatched"
-    wait "${job}" || rc=$?
-  else
-    wait "${job}" || rc=$?
-    for ((i = 0; rc != 0 && i < 20; i++)); do kill -0 "${watch}" 2>/dev/null || break; sleep 1; done
-  fi
-  stop_process "${watch}"
-  line="$(grep -m1 -E '^cluster watch: (worker|the head) ' "${log}" || true)"
-  ((rc == 0)) || [[ -z "${line}" ]] || die "${line#cluster watch: }; the job ended (exit ${rc}): run the same command again to resume from its last checkpoint"
-  [[ -z "${line}" ]] || note "warning: ${line#cluster watch: } (the job had ended: exit 0)"
-  return "${rc}"
 }

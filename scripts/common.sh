@@ -237,6 +237,8 @@ unset _name _id _policy_gpus _user_sim_gpus
 # The nodes: one, a hostfile's, or a running cluster's (NUM_NODES, GPUS_PER_NODE, HOSTFILE, RAY_ADDRESS, interfaces).
 # shellcheck source=cluster.sh
 source "${SCRIPTS_DIR}/cluster.sh"
+# shellcheck source=cluster_watch.sh
+source "${SCRIPTS_DIR}/cluster_watch.sh"
 
 # Loopback traffic (Ray job API, SGLang) must not go through a proxy.
 export no_proxy="127.0.0.1,localhost${no_proxy:+,${no_proxy}}"

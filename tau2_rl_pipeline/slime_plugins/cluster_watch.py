@@ -3,8 +3,8 @@
 Why: when a worker's link is cut or its raylet dies in the middle of a rollout, slime's driver waits on that node's
 engines with no end (a request across a dead link) or ends in an actor traceback that names no machine; when the
 head's Ray dies, the driver waits a minute for it. On the namespaced hosts (tests/contract/test_hosts_faults.py) each
-of these left the stage script waiting. The watch runs on the head beside the job (scripts/cluster.sh,
-`ray_submit`), as a Ray driver: every INTERVAL seconds it knocks on the GCS port and reads the GCS's node table
+of these left the stage script waiting. The watch runs on the head beside the job (scripts/cluster_watch.sh,
+`watched_job`), as a Ray driver: every INTERVAL seconds it knocks on the GCS port and reads the GCS's node table
 (`ray.nodes()`). Ray's own verdict is taken as it is: a node the table shows dead (its health check missed, about a
 minute after a link is cut with Ray's defaults; seconds after a raylet exits) or a GCS that stops answering
 (the head's Ray gone) is printed as one line and the watch exits 3; the script then stops the job and the cluster.

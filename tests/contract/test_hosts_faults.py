@@ -14,7 +14,7 @@ failure; each run meets one fault, and the next run is the rerun that must resum
 7. nothing: the run ends by itself.
 
 Each fault run must end non-zero with one line naming the host, and nothing of the run may stay on any host: the
-script's EXIT trap stops Ray over ssh where it can, and the worker's own leash (cluster.sh, head_leash_line) stops a
+script's EXIT trap stops Ray over ssh where it can, and the worker's own leash (scripts/cluster_watch.sh) stops a
 worker that cannot be reached. Each rerun starts at the rollout after the last checkpointed one (slime's rule, as
 hosts_job.py applies it to the tracker Megatron's reader reads). The times (fault to line, fault to exit, exit to
 every host clean) are printed, for docs/hardening.md. Part of the hosts tier (CI's own step, TAU2_HOSTS_TIER=1).
