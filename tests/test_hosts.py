@@ -9,6 +9,7 @@ leaves no process, namespace or file. Skipped in one line where namespaces canno
 from __future__ import annotations
 
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -154,8 +155,12 @@ def test_the_faults_one_machine_of_a_cluster_meets(tmp_path: Path) -> None:
         renamed = ssh("ls /sys/class/net; hostname -I")
         assert renamed.stdout.split() == ["ens5", "lo", b.address]  # its address stays, on the new name
         hosts.rename_interface(1, "ens5", "eth0")
-        sleeper = b.popen(["sleep", "600"])
-        assert any(p.startswith("sleep 600") for p in hosts.processes(1))
+        long_name = "a-long-argument-" + "x" * 200  # listed whole, as ps lists it without a terminal only with -ww
+        sleeper = b.popen(["sh", "-c", f"sleep 600; : {long_name}"])
+        deadline = time.monotonic() + 30
+        while not any(p == "sleep 600" for p in hosts.processes(1)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert f"sh -c sleep 600; : {long_name}" in hosts.processes(1), hosts.processes(1)
         assert [line.split()[1] for line in hosts.kill(1, "sleep")] == ["sleep"]
         sleeper.wait(timeout=30)
         assert not [p for p in hosts.processes(1) if p.startswith("sleep")]

@@ -299,9 +299,9 @@ class Hosts:
 
     def processes(self, i: int) -> list[str]:
         """Host i's processes but its PID 1 (sshd) and the `ps` that lists them, as `NAME ARGS` lines."""
-        out = self.hosts[i].run(["ps", "-eo", "pid=,args="], capture_output=True, text=True).stdout
+        out = self.hosts[i].run(["ps", "-ww", "-eo", "pid=,args="], capture_output=True, text=True).stdout
         rows = [line.strip().split(None, 1) for line in out.splitlines() if line.strip()]
-        return [args for pid, args in rows if pid != "1" and not args.startswith("ps -eo")]
+        return [args for pid, args in rows if pid != "1" and not args.startswith("ps -ww -eo")]
 
     # ---- down -----------------------------------------------------------------------------------------------------
     def leftovers(self) -> dict[str, list[int]]:
