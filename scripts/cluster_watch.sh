@@ -28,6 +28,9 @@ stop_process() {
   wait "$1" 2>/dev/null || true
 }
 
+# The watch's verdict in its log $1 (the line naming the node that was lost), or nothing.
+watch_verdict() { grep -m1 -E '^cluster watch: (worker|the head) ' "$1" || true; }
+
 # Run the job ($@) and, on a cluster this script started on several nodes, the watch beside it
 # (tau2_rl_pipeline/slime_plugins/cluster_watch.py): the first node that leaves the Ray cluster (a link cut, a
 # raylet killed, the head's Ray gone) stops the job with one line naming that node, where the job would wait with no
@@ -49,7 +52,7 @@ watched_job() {
   job=$!
   wait -n "${job}" "${watch}" || true
   if kill -0 "${job}" 2>/dev/null; then
-    line="$(grep -m1 -E '^cluster watch: (worker|the head) ' "${log}" || true)"
+    line="$(watch_verdict "${log}")"
     if [[ -n "${line}" ]]; then
       stop_process "${job}" 2>/dev/null  # not bash's "Aborted" for it
       die "${line#cluster watch: }; the job is stopped: run the same command again to resume from its last checkpoint"
@@ -61,7 +64,7 @@ watched_job() {
     for ((i = 0; rc != 0 && i < 20; i++)); do kill -0 "${watch}" 2>/dev/null || break; sleep 1; done
   fi
   stop_process "${watch}"
-  line="$(grep -m1 -E '^cluster watch: (worker|the head) ' "${log}" || true)"
+  line="$(watch_verdict "${log}")"
   ((rc == 0)) || [[ -z "${line}" ]] || die "${line#cluster watch: }; the job ended (exit ${rc}): run the same command again to resume from its last checkpoint"
   [[ -z "${line}" ]] || note "warning: ${line#cluster watch: } (the job had ended: exit 0)"
   return "${rc}"

@@ -38,6 +38,7 @@ sys.path.insert(0, str(HERE.parent))
 
 import parse_argv  # (these three: slime, Megatron-LM and the SGLang double on sys.path by contract_tier)
 from contract_tier import SGLANG_DOUBLE
+from megatron_save import torch_dist_files
 from parse_argv import parse_slime
 
 WAIT_S = 600
@@ -129,12 +130,7 @@ def save_checkpoint(args, rollout_id: int) -> None:
 
     if not should_run_periodic_action(rollout_id, args.save_interval, None, args.num_rollout):
         return
-    iteration = Path(get_checkpoint_name(args.save, rollout_id, False, return_base_dir=True))
-    iteration.mkdir(parents=True, exist_ok=True)
-    (iteration / "metadata.json").write_text(json.dumps({"sharded_backend": "torch_dist",
-                                                         "sharded_backend_version": 1}))
-    for name in ("common.pt", ".metadata", "__0_0.distcp"):
-        (iteration / name).write_bytes(b"\0" * 16)
+    torch_dist_files(Path(get_checkpoint_name(args.save, rollout_id, False, return_base_dir=True)))
     Path(get_checkpoint_tracker_filename(args.save)).write_text(str(rollout_id))
 
 

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 from contract_tier import MEGATRON_DIR, SLIME_DIR
+from megatron_save import torch_dist_files
 from slime_harness import prompt_rows
 from test_scripts import ROOT, Result
 
@@ -103,14 +104,10 @@ def without_num_gpus_per_node(argv: list[str]) -> list[str]:
 
 
 def megatron_checkpoint_files(path: Path) -> None:
-    """The files of a torch_dist checkpoint as slime's converter leaves it (tracker `release`, Megatron's
-    dist_checkpointing files): no weights are loaded here, the cluster check reads that they are all there."""
-    (path / "release").mkdir(parents=True)
+    """A torch_dist checkpoint as slime's converter leaves it (tracker `release`, Megatron's dist_checkpointing files):
+    no weights are loaded here, the cluster check reads that they are all there."""
+    torch_dist_files(path / "release")
     (path / "latest_checkpointed_iteration.txt").write_text("release")
-    (path / "release/metadata.json").write_text(json.dumps({"sharded_backend": "torch_dist",
-                                                             "sharded_backend_version": 1}))
-    for name in ("common.pt", ".metadata", "__0_0.distcp"):
-        (path / "release" / name).write_bytes(b"\0" * 16)
 
 
 def shared_inputs(shared: Path, tiny_model: Path, gpus: int) -> Path:
