@@ -231,7 +231,7 @@ def load_tokenizer():
         return AutoTokenizer.from_pretrained(str(QWEN3))
     import tempfile
 
-    from tau2_rl_pipeline.testing.tiny_model import domain_corpus, train_small_tokenizer
+    from tau2_rl_pipeline.local.tiny_model import domain_corpus, train_small_tokenizer
 
     print(f"no Qwen3 tokenizer at {QWEN3} (set TAU2_QWEN3_TOKENIZER): using a small tokenizer trained on mock",
           file=sys.stderr)

@@ -8,7 +8,7 @@ What runs: slime 624b824's own `generate_rollout` (slime/rollout/sglang_rollout.
 (`RolloutDataSourceWithBuffer`), its over-sampling and end-of-rollout abort, calling this project's custom generate
 `tau2_rl_pipeline.slime_plugins.adapter.generate`: real tau2 episodes (mock domain, fast_env, real evaluation), tau2's LLM
 user through litellm, the policy through `SGLangEngine`. The model server is the loopback server
-(tau2_rl_pipeline/testing/loopback_server.py: SGLang's HTTP contract, its abort included) in a process of its own
+(tests/support/loopback_server.py: SGLang's HTTP contract, its abort included) in a process of its own
 (bench/long_tail_server.py, which holds the script below); every model call (policy `/generate` and user chat)
 waits `--latency` seconds there. It answers scripted replies with a constant log-prob and no prefix-cache lookup:
 with its teacher-forced scoring (`--score`) it spent ~24 ms of CPU a call and, on 2 cores, set the pace of the
@@ -270,7 +270,7 @@ def run_mode(mode: str, cfg: argparse.Namespace, model_dir: Path, rows_path: Pat
 
 
 def build_model(out: Path) -> Path:
-    from tau2_rl_pipeline.testing.tiny_model import build_tiny_qwen3, domain_corpus, train_small_tokenizer
+    from tau2_rl_pipeline.local.tiny_model import build_tiny_qwen3, domain_corpus, train_small_tokenizer
 
     return build_tiny_qwen3(out / "tiny", train_small_tokenizer(domain_corpus(["mock"]), out / "tokenizer"))
 

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable as a script from anywhere
+sys.path.insert(1, str(Path(__file__).resolve().parents[1] / "tests"))  # the test rigs (tests/support)
 
 ROW_MARK = re.compile(r"\[long-tail row (\d+): (\d+) policy turns\]")
 STEPS_ASKED = re.compile(r"Hello, I need (\d+) steps\.")
@@ -82,7 +83,7 @@ def canned_server_class():
     constant, as bench/harness.py's canned engine answers) and the prefix-cache lookup over recent prompts. With
     them, on 2 cores, this process saturated a core and set the pace of the over-sampled steps (`--score`)."""
     from tau2_rl_pipeline.rollout.engines import GenerateResult
-    from tau2_rl_pipeline.testing.loopback_server import LoopbackServer, truncate_scripted
+    from support.loopback_server import LoopbackServer, truncate_scripted
 
     class CannedLoopbackServer(LoopbackServer):
         def _cached_tokens(self, input_ids: list[int]) -> int:
@@ -101,7 +102,7 @@ def serve(model: str, latency: float, seed: int, tail_rate: float, score: bool) 
     """The loopback server with the responder; prints its port, then answers `stats` / `reset` lines on stdin."""
     import torch
 
-    from tau2_rl_pipeline.testing.loopback_server import LoopbackServer
+    from support.loopback_server import LoopbackServer
 
     # One thread: on a busy 2-core machine torch's two threads wait on each other (a 1000-token teacher-forced
     # scoring took 0.4-1.2 s instead of 15 ms).

@@ -129,7 +129,7 @@ if ((NUM_NODES > 1)); then
   unset _host _required _name
 fi
 # The interface variables that are set, as NAME=VALUE: each must name an interface of every node. The rules (Gloo's
-# exact names; NCCL's prefixes, `^` and `=`) are tau2_rl_pipeline/slime_plugins/cluster_net.py's alone: here it
+# exact names; NCCL's prefixes, `^` and `=`) are tau2_rl_pipeline/cluster/net.py's alone: here it
 # judges this node before Ray starts (not when joining RAY_ADDRESS: the script may run off the cluster), and the
 # cluster check (cluster_check --interface) every node once the cluster is up.
 INTERFACE_SETTINGS=()
@@ -137,7 +137,7 @@ for _name in GLOO_SOCKET_IFNAME NCCL_SOCKET_IFNAME; do
   [[ -z "${!_name:-}" ]] || { export "${_name?}"; INTERFACE_SETTINGS+=("${_name}=${!_name}"); }
 done
 if ((${#INTERFACE_SETTINGS[@]} > 0)) && [[ -z "${RAY_ADDRESS}" ]]; then  # this machine's python3, stdlib only
-  _out="$(PYTHONPATH="${TAU2_ROOT}${PYTHONPATH:+:${PYTHONPATH}}" python3 -m tau2_rl_pipeline.slime_plugins.cluster_net \
+  _out="$(PYTHONPATH="${TAU2_ROOT}${PYTHONPATH:+:${PYTHONPATH}}" python3 -m tau2_rl_pipeline.cluster.net \
     "${INTERFACE_SETTINGS[@]}" 2>&1)" || problem "$(head -n 1 <<<"${_out}")"
 fi
 unset _name _out
@@ -324,12 +324,12 @@ ray_stop_cluster() {
 # cluster_check DIR... -- [--data FILE] [--checkpoint DIR] [--hf-model DIR]...: each DIR (written: checkpoints) gets
 # a check file with a fresh token that every node must read back; what follows `--` names what the stage reads, each
 # to be on every node as the head has it: the data file identical (size, sha256), the Megatron checkpoint(s) the run
-# loads (loaded_checkpoint) and the HF model complete (tau2_rl_pipeline/slime_plugins/cluster_inputs.py).
+# loads (loaded_checkpoint) and the HF model complete (tau2_rl_pipeline/cluster/inputs.py).
 cluster_check() {
   local path token log answer dirs=() cmd check setting
   ((NUM_NODES > 1)) || return 0
   token="$(date +%s%N)-$$-${RANDOM}"
-  check=(-m tau2_rl_pipeline.slime_plugins.cluster_check --nodes "${NUM_NODES}" --gpus-per-node "${GPUS_PER_NODE}"
+  check=(-m tau2_rl_pipeline.cluster.check --nodes "${NUM_NODES}" --gpus-per-node "${GPUS_PER_NODE}"
     --timeout "${RAY_JOIN_TIMEOUT}")
   for setting in "${INTERFACE_SETTINGS[@]}"; do check+=(--interface "${setting}"); done
   while (($# > 0)) && [[ "$1" != -- ]]; do

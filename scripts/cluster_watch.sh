@@ -32,7 +32,7 @@ stop_process() {
 watch_verdict() { grep -m1 -E '^cluster watch: (worker|the head) ' "$1" || true; }
 
 # Run the job ($@) and, on a cluster this script started on several nodes, the watch beside it
-# (tau2_rl_pipeline/slime_plugins/cluster_watch.py): the first node that leaves the Ray cluster (a link cut, a
+# (tau2_rl_pipeline/cluster/watch.py): the first node that leaves the Ray cluster (a link cut, a
 # raylet killed, the head's Ray gone) stops the job with one line naming that node, where the job would wait with no
 # end. A job that fails by itself gets the watch's word for a few seconds, in case a node's loss is why. With
 # RAY_ADDRESS the cluster's own manager (Slurm, KubeRay) watches its nodes; one node has nothing to watch.
@@ -44,7 +44,7 @@ watched_job() {
   local log="${LOG_DIR}/cluster_watch.log" watch job rc=0 line i
   mkdir -p "${LOG_DIR}"
   show_cmd "$@"
-  env PYTHONPATH="${TAU2_ROOT}" "${PYTHON}" -m tau2_rl_pipeline.slime_plugins.cluster_watch \
+  env PYTHONPATH="${TAU2_ROOT}" "${PYTHON}" -m tau2_rl_pipeline.cluster.watch \
     --address "${MASTER_ADDR}:${RAY_GCS_PORT}" --expect "$(IFS=,; printf '%s' "${MASTER_ADDR},${WORKERS[*]}")" \
     >"${log}" 2>&1 &
   watch=$!

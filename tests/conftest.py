@@ -15,6 +15,9 @@ import pytest
 import tau2_rl_pipeline  # noqa: F401  (sets LITELLM_LOCAL_MODEL_COST_MAP before anything imports litellm)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+# The test rigs (tests/support) are importable as `support` here and in every child a test starts.
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    [str(REPO_ROOT / "tests"), *filter(None, [os.environ.get("PYTHONPATH")])])
 QWEN3_TOKENIZER_ENV = "TAU2_QWEN3_TOKENIZER"
 
 
@@ -41,7 +44,7 @@ def qwen3_tokenizer() -> Any:
 @pytest.fixture(scope="session")
 def tiny_qwen3_dir(tmp_path_factory: pytest.TempPathFactory, qwen3_tokenizer: Any) -> Path:
     """A tiny random Qwen3 with the real Qwen3 tokenizer (151669-way vocabulary): inference-only tests."""
-    from tau2_rl_pipeline.testing.tiny_model import build_tiny_qwen3
+    from tau2_rl_pipeline.local.tiny_model import build_tiny_qwen3
 
     return build_tiny_qwen3(tmp_path_factory.mktemp("models") / "tiny-qwen3", qwen3_tokenizer)
 
@@ -49,7 +52,7 @@ def tiny_qwen3_dir(tmp_path_factory: pytest.TempPathFactory, qwen3_tokenizer: An
 @pytest.fixture(scope="session")
 def small_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Any:
     """A byte-level BPE tokenizer trained on tau2's mock domain, with Qwen3's markers and chat template."""
-    from tau2_rl_pipeline.testing.tiny_model import domain_corpus, train_small_tokenizer
+    from tau2_rl_pipeline.local.tiny_model import domain_corpus, train_small_tokenizer
 
     return train_small_tokenizer(domain_corpus(["mock"]), tmp_path_factory.mktemp("small-tokenizer"))
 
@@ -57,7 +60,7 @@ def small_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Any:
 @pytest.fixture(scope="session")
 def tiny_small_dir(tmp_path_factory: pytest.TempPathFactory, small_tokenizer: Any) -> Path:
     """A tiny random Qwen3 over the small tokenizer: cheap enough to sample from and train on CPU."""
-    from tau2_rl_pipeline.testing.tiny_model import build_tiny_qwen3
+    from tau2_rl_pipeline.local.tiny_model import build_tiny_qwen3
 
     return build_tiny_qwen3(tmp_path_factory.mktemp("models") / "tiny-small", small_tokenizer)
 
@@ -73,7 +76,7 @@ def tiny_engine(tiny_small_dir: Path) -> Any:
 @pytest.fixture
 def loopback(tiny_engine: Any) -> Iterator[Any]:
     """A fresh SGLang look-alike HTTP server on 127.0.0.1 (no faults, no latency, empty request log)."""
-    from tau2_rl_pipeline.testing.loopback_server import LoopbackServer
+    from support.loopback_server import LoopbackServer
 
     with LoopbackServer(tiny_engine) as server:
         yield server
@@ -86,8 +89,9 @@ def loopback_judge(tiny_engine: Any) -> Iterator[Any]:
     from judge_double import judge_answer
 
     from tau2_rl_pipeline.benchmark import judge
+    from support.loopback_server import LoopbackServer
+
     from tau2_rl_pipeline.config import Tau2Config
-    from tau2_rl_pipeline.testing.loopback_server import LoopbackServer
 
     with LoopbackServer(tiny_engine, model_name="judge") as server:
         server.chat_answer = judge_answer()

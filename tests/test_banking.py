@@ -199,7 +199,7 @@ def test_an_evaluation_on_banking_is_read_by_tau2_and_its_submission_passes_tau2
 
     from tau2_rl_pipeline.eval.eval_passk import main
     from tau2_rl_pipeline.learning.oracle_demos import demo_turns
-    from tau2_rl_pipeline.testing.loopback_server import LoopbackServer
+    from support.loopback_server import LoopbackServer
 
     ids = ["task_001", "task_004"]  # a user-side write (the scripted user performs it), an ACTION-basis task
     tok = tiny_engine.tokenizer

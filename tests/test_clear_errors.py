@@ -27,7 +27,7 @@ KEYS = ("OPENAI_API_KEY", "HF_TOKEN", "WANDB_API_KEY", "ANTHROPIC_API_KEY")
 
 def run_cli(*args: str, tmp_path: Path) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k not in KEYS and not k.startswith("TAU2_")}
-    env.update(HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT))
+    env.update(HF_HUB_OFFLINE="1", PYTHONPATH=f"{ROOT}{os.pathsep}{ROOT / 'tests'}")
     return subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=tmp_path, env=env,
                           timeout=300, check=False)
 
@@ -51,7 +51,7 @@ def one_line(proc: subprocess.CompletedProcess) -> str:
     (["-m", "tau2_rl_pipeline.local.pipeline", "--split", "nope", "--out", "demo"],
      ["unknown split 'nope'", "valid splits: base"]),
     (["-m", "tau2_rl_pipeline.local.pipeline", "--model", "no/such/model", "--out", "demo"], ["no/such/model"]),
-    (["-m", "tau2_rl_pipeline.testing.loopback_server", "--model", "no/such/model", "--port", "0"],
+    (["-m", "support.loopback_server", "--model", "no/such/model", "--port", "0"],
      ["no/such/model", "config.json"]),
     (["-m", "tau2_rl_pipeline.selection.rft", "--sglang-url", "http://127.0.0.1:9", "--domains", "mock", "--task-split", "base",
       "--num-samples", "1", "--out", "rows.jsonl", "--hf-checkpoint", "."],

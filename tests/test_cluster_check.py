@@ -1,4 +1,4 @@
-"""The multi-node pre-flight's verdicts (tau2_rl_pipeline/slime_plugins/cluster_check.py and cluster_inputs.py), pure:
+"""The multi-node pre-flight's verdicts (tau2_rl_pipeline/cluster/check.py and inputs.py), pure:
 which node did not join, has too few GPUs, does not see a path, has a data file other than the head's or an
 incomplete HF model or Megatron checkpoint. Each node's facts are read from its own directory here (as each host reads
 its own mount of one path). The same functions over a real two-raylet cluster: tests/contract/test_ray_cluster.py;
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tau2_rl_pipeline.slime_plugins.cluster_check import (
+from tau2_rl_pipeline.cluster.check import (
     SHARED_STORAGE_HINT,
     Inputs,
     NodeView,
@@ -20,7 +20,7 @@ from tau2_rl_pipeline.slime_plugins.cluster_check import (
     joined_problems,
     storage_problems,
 )
-from tau2_rl_pipeline.slime_plugins.cluster_inputs import (
+from tau2_rl_pipeline.cluster.inputs import (
     FileFacts,
     checkpoint_missing,
     data_differs,

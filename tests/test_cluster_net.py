@@ -1,4 +1,4 @@
-"""The interface variables on every node (tau2_rl_pipeline/slime_plugins/cluster_net.py), pure: which interfaces
+"""The interface variables on every node (tau2_rl_pipeline/cluster/net.py), pure: which interfaces
 GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME select, by Gloo's rules (exact names, each a device) and NCCL's (prefixes,
 `^` excludes, `=` exact, one interface with an address is enough), and the cluster check's one line naming the node
 that lacks its interface. The same judge on a real two-raylet cluster: tests/contract/test_ray_cluster.py; on this
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tau2_rl_pipeline.slime_plugins.cluster_check import NodeView, build_parser, interface_problems
-from tau2_rl_pipeline.slime_plugins.cluster_net import interface_problem, main, matching, read_interfaces
+from tau2_rl_pipeline.cluster.check import NodeView, build_parser, interface_problems
+from tau2_rl_pipeline.cluster.net import interface_problem, main, matching, read_interfaces
 
 WORKER = {"ens5": ("198.18.0.2",), "lo": ("127.0.0.1",)}  # a worker whose interface has another name
 HEAD = {"eth0": ("198.18.0.1",), "lo": ("127.0.0.1",)}

@@ -56,8 +56,8 @@ def plan(result: Result) -> list[str]:
 
 def check_job(result: Result) -> dict[str, list[str]]:
     """The cluster check's flags (each may repeat), run before slime's job."""
-    cmd = next(c for c in result.commands if "tau2_rl_pipeline.slime_plugins.cluster_check" in c)
-    argv = cmd[cmd.index("tau2_rl_pipeline.slime_plugins.cluster_check") + 1:]
+    cmd = next(c for c in result.commands if "tau2_rl_pipeline.cluster.check" in c)
+    argv = cmd[cmd.index("tau2_rl_pipeline.cluster.check") + 1:]
     out: dict[str, list[str]] = {}
     for flag, value in itertools.pairwise(argv):
         if flag.startswith("--"):
@@ -78,7 +78,7 @@ def test_one_node_is_todays_layout(tmp_path: Path) -> None:
     result = dry("train_grpo.sh", tmp_path)
     got = flags(slime_job(result, "train.py")[1])
     assert (got["--actor-num-nodes"], got["--actor-num-gpus-per-node"]) == ("1", "4") and "--colocate" in got
-    assert not any(c[0] == "ssh" or "cluster_check" in " ".join(c) for c in result.commands)
+    assert not any(c[0] == "ssh" or "tau2_rl_pipeline.cluster.check" in " ".join(c) for c in result.commands)
     assert plan(result) == ["127.0.0.1 (head): actor ranks 0-3; SGLang engines 0-3 (1 GPU(s) each)"]
 
 
@@ -98,7 +98,7 @@ def test_the_scripts_start_a_cluster_from_a_hostfile(tmp_path: Path, nodes: int)
     got = flags(slime_job(result, "train.py")[1])
     assert (got["--actor-num-nodes"], got["--actor-num-gpus-per-node"]) == (str(nodes), "4") and "--colocate" in got
     # before slime's job: every node joined and sees the checkpoint it writes and the data it reads
-    check = next(i for i, c in enumerate(cmds) if "tau2_rl_pipeline.slime_plugins.cluster_check" in c)
+    check = next(i for i, c in enumerate(cmds) if "tau2_rl_pipeline.cluster.check" in c)
     assert check < next(i for i, c in enumerate(cmds) if f"{SLIME}/train.py" in c)
     checked = check_job(result)
     assert checked["--expect"] == [",".join([MASTER, *workers(nodes)])] and checked["--nodes"] == [str(nodes)]
@@ -187,7 +187,7 @@ def test_joining_a_running_cluster_starts_and_stops_nothing(tmp_path: Path) -> N
     assert (got["--actor-num-nodes"], got["--actor-num-gpus-per-node"]) == ("2", "8")
     env = runtime_env(options)["env_vars"]
     assert env["MASTER_ADDR"] == "10.1.0.1" and env["GLOO_SOCKET_IFNAME"] == env["NCCL_SOCKET_IFNAME"] == "lo"
-    assert any("cluster_check" in " ".join(c) and "--address=http://10.1.0.1:8265" in c for c in result.commands)
+    assert any("tau2_rl_pipeline.cluster.check" in " ".join(c) and "--address=http://10.1.0.1:8265" in c for c in result.commands)
 
 
 def test_joining_a_running_cluster_checks_the_interfaces_on_its_nodes_not_here(tmp_path: Path) -> None:

@@ -1,10 +1,10 @@
-"""The watch beside a multi-node job (tau2_rl_pipeline/slime_plugins/cluster_watch.py): its verdicts over the GCS's
+"""The watch beside a multi-node job (tau2_rl_pipeline/cluster/watch.py): its verdicts over the GCS's
 node table, as `ray.nodes()` gives it. The watch itself, on separate hosts with a link cut, a raylet killed and the
 head's Ray killed, is tests/contract/test_hosts_faults.py (the hosts tier)."""
 
 from __future__ import annotations
 
-from tau2_rl_pipeline.slime_plugins.cluster_watch import head_lost, lost_node
+from tau2_rl_pipeline.cluster.watch import head_lost, lost_node
 
 HEAD, WORKER = "198.18.0.1", "198.18.0.2"
 

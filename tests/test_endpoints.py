@@ -1,6 +1,6 @@
 """Clients of several model servers: the policy engine, eval's --sglang-url (hence RFT's), and the user simulator's
 client each take a router's URL or several servers' URLs comma-separated, spread the load over them and pass a
-failed one over. Against several real loopback servers (tau2_rl_pipeline.testing.loopback_server); SGLang's real
+failed one over. Against several real loopback servers (support.loopback_server); SGLang's real
 router in front of them is in the contract tier (tests/contract/test_router.py).
 """
 
@@ -24,7 +24,7 @@ from tau2_rl_pipeline.benchmark.users import UserConfigError, make_user_factory
 from tau2_rl_pipeline.config import Tau2Config
 from tau2_rl_pipeline.http_post import pick_server, split_urls
 from tau2_rl_pipeline.rollout.engines import EngineError, SamplingParams, SGLangEngine, TransformersEngine
-from tau2_rl_pipeline.testing.loopback_server import LoopbackServer
+from support.loopback_server import LoopbackServer
 
 
 def free_port() -> int:

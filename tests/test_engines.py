@@ -33,8 +33,8 @@ from tau2_rl_pipeline.rollout.engines import (
     sampling_logprobs,
     sglang_generate_body,
 )
-from tau2_rl_pipeline.testing.loopback_server import Fault, LoopbackServer, parse_qwen3_tool_calls, truncate_scripted
-from tau2_rl_pipeline.testing.tiny_model import (
+from support.loopback_server import Fault, LoopbackServer, parse_qwen3_tool_calls, truncate_scripted
+from tau2_rl_pipeline.local.tiny_model import (
     QWEN3_CHAT_TEMPLATE,
     SPECIAL_TOKENS,
     TOOL_TOKENS,

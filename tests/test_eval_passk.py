@@ -50,7 +50,7 @@ from tau2_rl_pipeline.config import Tau2Config
 from tau2_rl_pipeline.metrics import summarize
 from tau2_rl_pipeline.rollout.engines import GenerateResult, SamplingParams
 from tau2_rl_pipeline.rollout.episode_loop import turn_seed
-from tau2_rl_pipeline.testing.loopback_server import LoopbackServer
+from support.loopback_server import LoopbackServer
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 MOCK_IDS = [t.id for t in load_tasks("mock", "base")]

@@ -27,7 +27,7 @@ from tau2_rl_pipeline.config import Tau2Config
 from tau2_rl_pipeline.metrics import summarize
 from tau2_rl_pipeline.rollout.engines import SamplingParams, SGLangEngine
 from tau2_rl_pipeline.rollout.episode_loop import ABORTED, Trajectory
-from tau2_rl_pipeline.testing.loopback_server import LoopbackServer
+from support.loopback_server import LoopbackServer
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -1,4 +1,4 @@
-"""The namespaced hosts of tau2_rl_pipeline/testing/hosts.py: separate as machines are, and gone after teardown.
+"""The namespaced hosts of tests/support/hosts.py: separate as machines are, and gone after teardown.
 
 Each host has only its own address (a foreign one does not bind: errno 99, as on another machine), reaches the others
 over the bridge, answers ssh with the run's key and lands the session in its own namespaces (hostname, process
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tau2_rl_pipeline.testing import hosts as hosts_mod
+from support import hosts as hosts_mod
 
 WHY_NOT = hosts_mod.unavailable()
 needs_namespaces = pytest.mark.skipif(WHY_NOT is not None, reason=f"namespaced hosts skipped: {WHY_NOT}")
@@ -76,7 +76,7 @@ def test_hosts_are_separate_and_leave_nothing_behind(tmp_path: Path) -> None:
 def test_a_run_whose_owner_died_is_swept(tmp_path: Path) -> None:
     import sys
 
-    script = ("import sys, os; from tau2_rl_pipeline.testing.hosts import Hosts; "
+    script = ("import sys, os; from support.hosts import Hosts; "
               "h = Hosts(1, sys.argv[1]).up(); print(h.run_id, flush=True); os._exit(0)")  # no teardown
     proc = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, check=True)
     run_id = proc.stdout.strip()
@@ -89,7 +89,7 @@ def test_a_run_whose_owner_died_is_swept(tmp_path: Path) -> None:
 def test_the_loopback_server_binds_only_loopback_or_a_namespaced_hosts_address(capsys) -> None:
     """It has no authentication: a test host's address (198.18.0.0/15, reachable only between the namespaced hosts)
     is allowed besides loopback; any other address is refused in one line before anything loads."""
-    from tau2_rl_pipeline.testing.loopback_server import main, serves_only_tests
+    from support.loopback_server import main, serves_only_tests
 
     assert serves_only_tests("127.0.0.1") and serves_only_tests("198.18.0.3") and serves_only_tests("198.19.255.1")
     assert not serves_only_tests("10.0.0.1") and not serves_only_tests("0.0.0.0") and not serves_only_tests("host")
@@ -104,7 +104,7 @@ def test_the_documented_commands_start_use_and_remove_hosts(tmp_path: Path) -> N
     """docs/multi-node.md's `up`, `exec` and `down`, as typed there."""
     import sys
 
-    cli = [sys.executable, "-m", "tau2_rl_pipeline.testing.hosts"]
+    cli = [sys.executable, "-m", "support.hosts"]
     up = subprocess.run([*cli, "up", "--hosts", "2", "--shared", str(tmp_path)], capture_output=True, text=True,
                         check=True, timeout=120)
     run_id = up.stdout.split()[1]

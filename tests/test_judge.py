@@ -25,7 +25,7 @@ from tau2_rl_pipeline.benchmark.judge import (
 )
 from tau2_rl_pipeline.benchmark.tau2_version import V1, judge_default_model, needs_judge
 from tau2_rl_pipeline.config import ConfigError, Tau2Config
-from tau2_rl_pipeline.testing.loopback_server import Fault, LoopbackServer
+from support.loopback_server import Fault, LoopbackServer
 
 PROMPT = [{"role": "system", "content": "grade"},
           {"role": "user", "content": "conversation:\nuser: hi\n\nexpectedOutcomes:\n['Agent greets', 'Agent helps']"}]

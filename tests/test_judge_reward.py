@@ -25,7 +25,7 @@ from tau2_rl_pipeline.local.grpo import _rollouts as _grpo_rollouts
 from tau2_rl_pipeline.rollout.engines import SamplingParams
 from tau2_rl_pipeline.rollout.episode_loop import ABORTED, COMPLETED, Trajectory
 from tau2_rl_pipeline.slime_plugins.adapter import fill_sample
-from tau2_rl_pipeline.testing.loopback_server import Fault, LoopbackServer
+from support.loopback_server import Fault, LoopbackServer
 
 MESSAGES = [
     AssistantMessage(role="assistant", content="Hi! How can I help you today?"),

@@ -2,7 +2,8 @@
 
 Each folder of tau2_rl_pipeline/ is a room on a layer; a module may import from its own room and from
 rooms on lower layers, never from a higher layer or from another room on its own layer. Only the slime plug-ins
-import slime. Read from the source (ast), so a lazy import inside a function counts too.
+import slime, and none imports the test rigs (tests/support). Read from the source (ast), so a lazy import inside
+a function counts too.
 """
 
 from __future__ import annotations
@@ -20,15 +21,19 @@ LAYERS = {
     "ground": 0,          # tau2_rl_pipeline/*.py: config, metrics, files, http_post
     "benchmark": 1,       # what tau2 is, made fast and safe
     "scale": 1,           # model presets, the sizing sheet, the cost on paper (stdlib only)
+    "cluster": 1,         # the cluster tools the scripts run: the check, the watch, interfaces and inputs
     "rollout": 2,         # token in, token out
     "learning": 3,        # rewards, curriculum, losses, SFT data
-    "testing": 3,         # loopback server, tiny model
     "eval": 4,            # the Pass@K evaluator
     "slime_plugins": 4,   # what slime loads by dotted path
     "selection": 5,       # RFT selection and the difficulty filter: they read evaluator runs
     "pictures": 5,        # the pictures in public/
     "local": 6,           # the embedded backend and the demo
 }
+
+
+# The test rigs' top-level names (tests/support, imported as `support`; tests/ itself).
+TEST_SUPPORT = ("support", "tests")
 
 
 def room_of(module: str) -> str | None:
@@ -76,6 +81,8 @@ def violations(files: list[Path]) -> list[str]:
         here = room_of(module_name(path))
         for line, target in imports(path):
             where = f"{path.relative_to(ROOT)}:{line}"
+            if target.split(".")[0] in TEST_SUPPORT:
+                found.append(f"{where}: imports {target}; the product never imports the test rigs (tests/)")
             if target.split(".")[0] == "slime" and here != "slime_plugins":
                 found.append(f"{where}: imports {target}; only tau2_rl_pipeline/slime_plugins/ may import slime")
             there = room_of(target)
@@ -100,7 +107,9 @@ def test_no_import_runs_up_a_layer_and_only_slime_plugins_import_slime():
 @pytest.mark.parametrize("room, source, expected", [
     ("benchmark", "from tau2_rl_pipeline.rollout.engines import SamplingParams\n", "imports run down the flow"),
     ("rollout", "def f():\n    from tau2_rl_pipeline.local import trainer\n", "imports run down the flow"),
-    ("learning", "from tau2_rl_pipeline.testing import tiny_model\n", "imports run down the flow"),
+    ("learning", "from tau2_rl_pipeline.local import tiny_model\n", "imports run down the flow"),
+    ("local", "from support.loopback_server import LoopbackServer\n", "never imports the test rigs"),
+    ("eval", "def f():\n    import support.hosts\n", "never imports the test rigs"),
     ("local", "import slime.utils.arguments\n", "only tau2_rl_pipeline/slime_plugins/ may import slime"),
     ("rollout", "from tau2_rl_pipeline.eval.runner import run_episodes\n", "imports run down the flow"),
 ])
@@ -108,7 +117,7 @@ def test_the_check_catches_an_upward_import(tmp_path, monkeypatch, room, source,
     """The checker itself: a module planted in a room with an import that breaks the rule is reported."""
     monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
     for pkg in ("tau2_rl_pipeline", f"tau2_rl_pipeline/{room}", "tau2_rl_pipeline/local",
-                "tau2_rl_pipeline/testing", "tau2_rl_pipeline/eval"):
+                "tau2_rl_pipeline/eval"):
         (tmp_path / pkg).mkdir(parents=True, exist_ok=True)
         (tmp_path / pkg / "__init__.py").write_text("")
     planted = tmp_path / "tau2_rl_pipeline" / room / "planted.py"

@@ -83,7 +83,7 @@ def test_a_1_0_1_run_is_read_by_tau2_and_its_submission_passes_tau2s_validation(
     from tau2.scripts.leaderboard.submission import Submission
 
     from tau2_rl_pipeline.eval.eval_passk import main
-    from tau2_rl_pipeline.testing.loopback_server import LoopbackServer
+    from support.loopback_server import LoopbackServer
 
     goodbye = tiny_engine.tokenizer.encode("Thank you, goodbye." + tiny_engine.tokenizer.eos_token,
                                            add_special_tokens=False)

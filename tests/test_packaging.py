@@ -31,9 +31,25 @@ def test_the_wheel_installs_only_tau2_rl_pipeline(tmp_path):
     top = {n.split("/")[0] for n in names if not n.split("/")[0].endswith((".dist-info", ".data"))}
     assert top == {"tau2_rl_pipeline"}, top
     assert "tau2_rl_pipeline/eval/eval_passk.py" in names
+    assert rigs_in(names) == [], rigs_in(names)  # the rigs live in tests/support, out of the product
     entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
     scripts = zipfile.ZipFile(wheel).read(entry_points).decode()
     assert "tau2-rl-eval = tau2_rl_pipeline.eval.eval_passk:main" in scripts, scripts
+
+
+# What only tests and benchmarks need: namespaced hosts (root, sshd), the loopback SGLang server.
+TEST_RIGS = ("hosts.py", "loopback_server.py", "/testing/", "/support/")
+
+
+def rigs_in(names: list[str]) -> list[str]:
+    """The wheel's files that are test rigs, by name."""
+    return sorted(n for n in names if n.endswith(TEST_RIGS[:2]) or any(part in n for part in TEST_RIGS[2:]))
+
+
+def test_the_rig_check_catches_a_rig_in_the_wheel():
+    assert rigs_in(["tau2_rl_pipeline/testing/hosts.py", "tau2_rl_pipeline/eval/runner.py",
+                      "tau2_rl_pipeline/support/loopback_server.py"]) == [
+        "tau2_rl_pipeline/support/loopback_server.py", "tau2_rl_pipeline/testing/hosts.py"]
 
 
 def test_the_original_cookbook_command_line_runs_the_packaged_evaluator():

@@ -16,7 +16,7 @@ from tau2_rl_pipeline.benchmark.users import ScriptedUser, UserConfigError, make
 from tau2_rl_pipeline.config import Tau2Config
 from tau2_rl_pipeline.rollout.engines import GenerateResult, SamplingParams, SGLangEngine, TransformersEngine
 from tau2_rl_pipeline.rollout.episode_loop import ABORTED, COMPLETED, TRUNCATED, Driver, EpisodeSpec, run_episode
-from tau2_rl_pipeline.testing.loopback_server import Fault
+from support.loopback_server import Fault
 
 CFG = Tau2Config.from_env({})
 

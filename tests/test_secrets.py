@@ -21,7 +21,7 @@ import pytest
 
 from tau2_rl_pipeline.benchmark.tasks import load_tasks
 from tau2_rl_pipeline.config import Tau2Config
-from tau2_rl_pipeline.testing.loopback_server import LoopbackServer
+from support.loopback_server import LoopbackServer
 
 ROOT = Path(__file__).resolve().parents[1]
 PLANTED = {"OPENAI_API_KEY": "sk-planted-OPENAI-1234", "HF_TOKEN": "hf_planted_5678",

@@ -15,7 +15,7 @@ from tau2_rl_pipeline.benchmark.tasks import load_tasks
 from tau2_rl_pipeline.benchmark.users import make_user_factory
 from tau2_rl_pipeline.config import Tau2Config
 from tau2_rl_pipeline.rollout.engines import SamplingParams, SGLangEngine
-from tau2_rl_pipeline.testing.loopback_server import LoopbackServer
+from support.loopback_server import LoopbackServer
 
 CFG = Tau2Config.from_env({}, max_turns=3, episode_workers=0)
 

@@ -27,7 +27,7 @@ from tau2_rl_pipeline.benchmark.users import UserConfigError, make_user_factory,
 from tau2_rl_pipeline.config import Tau2Config
 from tau2_rl_pipeline.rollout.engines import SamplingParams, SGLangEngine
 from tau2_rl_pipeline.rollout.episode_loop import COMPLETED, Driver, EpisodeSpec, run_episode
-from tau2_rl_pipeline.testing.loopback_server import LoopbackServer
+from support.loopback_server import LoopbackServer
 
 # domain -> (task split, a read-only agent tool and its arguments)
 DOMAINS = {"mock": ("base", "get_users", {}), "airline": ("test", "list_all_airports", {}),

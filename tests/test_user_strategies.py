@@ -24,7 +24,7 @@ from tau2_rl_pipeline.benchmark.user_strategies import (
 )
 from tau2_rl_pipeline.benchmark.users import make_user_factory, user_client_kind
 from tau2_rl_pipeline.config import Tau2Config
-from tau2_rl_pipeline.testing.loopback_server import LoopbackServer
+from support.loopback_server import LoopbackServer
 
 GREETING = AssistantMessage(role="assistant", content="Hi! How can I help you today?")
 GOOD = "Please create a task called Buy groceries for me."

@@ -15,7 +15,7 @@ The oracle's moves are completions as a policy would write them, through the sam
 - then the task's communicate info as the closing message; a user that still talks is asked ANYTHING_ELSE up to
   LINGER times before the agent's stop, and one that never ends it is named.
 Any BaseUser plays the other side: tau2's LLM user over litellm or the asynchronous client (an SGLang-served user
-model too), the scripted user, or the canned users of tau2_rl_pipeline/testing/canned_users.py.
+model too), the scripted user, or the canned users of tau2_rl_pipeline/eval/canned_users.py.
 """
 
 from __future__ import annotations

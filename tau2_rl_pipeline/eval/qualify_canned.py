@@ -1,5 +1,5 @@
 """Does qualification catch a misbehaving user? The oracle of tau2-rl-qualify-user against the scripted user and
-each canned user (tau2_rl_pipeline/testing/canned_users.py: a well-behaved one and one per known misbehaviour), on
+each canned user (tau2_rl_pipeline/eval/canned_users.py: a well-behaved one and one per known misbehaviour), on
 real tau2 environments scored by tau2's evaluator; prints docs/evaluation.md's table (markdown).
 
     python -m tau2_rl_pipeline.eval.qualify_canned --domains mock,airline
@@ -21,7 +21,7 @@ from tau2_rl_pipeline.eval.args import csv_list
 from tau2_rl_pipeline.eval.plan import make_plan
 from tau2_rl_pipeline.eval.qualify import failing_tasks, qualification, replay_faults, run_oracle
 from tau2_rl_pipeline.metrics import is_success
-from tau2_rl_pipeline.testing.canned_users import CANNED_USERS
+from tau2_rl_pipeline.eval.canned_users import CANNED_USERS
 
 USERS = {"scripted": ScriptedUser, **CANNED_USERS}
 

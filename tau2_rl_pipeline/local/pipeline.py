@@ -88,7 +88,7 @@ def prepare_model(args, out: Path) -> Path:
         return Path(args.model)
     from transformers import AutoTokenizer
 
-    from tau2_rl_pipeline.testing.tiny_model import build_tiny_qwen3, domain_corpus, train_small_tokenizer
+    from tau2_rl_pipeline.local.tiny_model import build_tiny_qwen3, domain_corpus, train_small_tokenizer
 
     if args.tokenizer:
         tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)

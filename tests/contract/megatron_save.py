@@ -16,7 +16,7 @@ from pathlib import Path
 
 def torch_dist_files(iteration: Path) -> None:
     """The files a torch_dist save leaves in an iteration directory, with no weights in them (what the cluster check
-    reads: cluster_inputs.checkpoint_missing), for tests that need a checkpoint's shape and not its tensors."""
+    reads: cluster.inputs.checkpoint_missing), for tests that need a checkpoint's shape and not its tensors."""
     iteration.mkdir(parents=True, exist_ok=True)
     (iteration / "metadata.json").write_text(json.dumps({"sharded_backend": "torch_dist", "sharded_backend_version": 1}))
     for name in ("common.pt", ".metadata", "__0_0.distcp"):

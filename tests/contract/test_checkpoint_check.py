@@ -1,4 +1,4 @@
-"""The cluster check's checkpoint verdict (slime_plugins/cluster_inputs.py) over a checkpoint Megatron itself wrote
+"""The cluster check's checkpoint verdict (cluster/inputs.py) over a checkpoint Megatron itself wrote
 (megatron_save.py: `dist_checkpointing.save`, then the tracker and `release/` as slime's converter leaves them), and
 Megatron's own readers of the same directory agreeing: complete, then with what its loader needs taken away."""
 
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from contract_tier import MEGATRON_DIR
 
-from tau2_rl_pipeline.slime_plugins.cluster_inputs import checkpoint_missing, read_checkpoint
+from tau2_rl_pipeline.cluster.inputs import checkpoint_missing, read_checkpoint
 
 HERE = Path(__file__).resolve().parent
 

@@ -1,4 +1,4 @@
-"""The multi-node path on separate hosts: namespaced hosts (tau2_rl_pipeline/testing/hosts.py), each with its own
+"""The multi-node path on separate hosts: namespaced hosts (tests/support/hosts.py), each with its own
 address, sshd, /tmp and PID space, the run's shared directory mounted at the same path on each.
 
 On 2 hosts x 4 Ray GPUs and 4 hosts x 2, train_grpo.sh runs for real on host 0 and unchanged up to the job: the
@@ -29,7 +29,7 @@ from megatron_save import torch_dist_files
 from slime_harness import prompt_rows
 from test_scripts import ROOT, Result
 
-from tau2_rl_pipeline.testing import hosts as hosts_mod
+from support import hosts as hosts_mod
 
 # The tier (this module and test_hosts_faults.py) brings up Ray clusters of 2 and 4 separate hosts and runs slime's
 # job on them, then seven runs of train_grpo.sh that each meet a fault: 15-35 minutes on 2 cores, more than the test
@@ -127,10 +127,10 @@ def shared_inputs(shared: Path, tiny_model: Path, gpus: int) -> Path:
 def start_user_sim(hosts: hosts_mod.Hosts, host: hosts_mod.Host, env: dict[str, str], shared: Path) -> None:
     """The user simulator (a tiny model behind the loopback server) on `host` at USER_SIM_PORT, answering the head."""
     log = open(shared / "user_sim.log", "wb")  # noqa: SIM115 - the server keeps it
-    host.popen([sys.executable, "-m", "tau2_rl_pipeline.testing.loopback_server", "--model",
+    host.popen([sys.executable, "-m", "support.loopback_server", "--model",
                 str(shared / "out/models/tiny"), "--host", host.address, "--port", str(USER_SIM_PORT),
                 "--model-name", "tiny", "--seed", "0"],
-               env={**env, "PYTHONPATH": str(ROOT)}, stdout=log, stderr=subprocess.STDOUT)
+               env={**env, "PYTHONPATH": f"{ROOT}:{ROOT / 'tests'}"}, stdout=log, stderr=subprocess.STDOUT)
     log.close()
     models = f"http://{host.address}:{USER_SIM_PORT}/v1/models"  # from the head, across the bridge
     probe = hosts.hosts[0].run(

@@ -1,5 +1,5 @@
 """Faults on separate hosts: what a real cluster does to a multi-node run, done to namespaced hosts, and what the stage
-script makes of each (tau2_rl_pipeline/testing/hosts.py; the cluster of test_hosts_cluster.py, 2 hosts x 1 Ray GPU,
+script makes of each (tests/support/hosts.py; the cluster of test_hosts_cluster.py, 2 hosts x 1 Ray GPU,
 sync GRPO, the user simulator on the head).
 
 The same command, `bash scripts/train_grpo.sh`, is run again and again on the head, as a user reruns it after a
@@ -43,7 +43,7 @@ from test_hosts_cluster import (
 )
 from test_scripts import ROOT
 
-from tau2_rl_pipeline.testing import hosts as hosts_mod
+from support import hosts as hosts_mod
 
 pytestmark = [pytest.mark.skipif(WHY_NOT is not None, reason=f"namespaced hosts tier skipped: {WHY_NOT}"),
               pytest.mark.timeout(3600)]

@@ -5,7 +5,7 @@ Two raylets on this machine: the head on 127.0.0.2, a worker on 127.0.0.3, each 
 (none is used: slime's InfoActor only asks Ray which GPU id its bundle got). They are started by scripts/cluster.sh's
 `ray_cluster_up`, the function train_sft.sh and train_grpo.sh call, from a hostfile, with RAY_WORKER_LAUNCH=local
 (the worker's `ray start` line runs here rather than over ssh), including the join and shared-storage check it runs
-as a Ray job (slime_plugins/cluster_check.py). The test then connects as a driver and runs slime's
+as a Ray job (cluster/check.py). The test then connects as a driver and runs slime's
 `create_placement_groups` (slime/ray/placement_group.py at 624b824) with the flags train_grpo.sh's dry run prints for
 the same cluster, and compares where each bundle landed with the plan that dry run printed.
 Torn down by pid: the processes whose command line names this cluster's own Ray temp dir, and their children (never
@@ -220,7 +220,7 @@ def test_slime_places_the_2_node_layout_where_the_plan_says(ray_cluster: dict, d
 
 def test_the_check_names_a_worker_that_did_not_join_and_a_node_that_lacks_an_input(ray_cluster: dict,
                                                                                       driver: None) -> None:
-    from tau2_rl_pipeline.slime_plugins import cluster_check as check
+    from tau2_rl_pipeline.cluster import check
 
     views = check.wait_for_nodes(3, GPUS_PER_NODE, [HEAD, WORKER, "127.0.0.4"], timeout_s=1.0)
     assert check.joined_problems(views, num_nodes=3, gpus_per_node=GPUS_PER_NODE,
@@ -241,7 +241,7 @@ def run_check(ray_cluster: dict, *args: str) -> tuple[int, list[str]]:
     """The cluster check as scripts/cluster.sh runs it on the head (a second driver beside the test's): its exit
     status and the lines it printed."""
     env = {**ray_cluster["env"], "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, "-m", "tau2_rl_pipeline.slime_plugins.cluster_check", "--address",
+    proc = subprocess.run([sys.executable, "-m", "tau2_rl_pipeline.cluster.check", "--address",
                            f"{HEAD}:{env['RAY_GCS_PORT']}", "--nodes", "2", "--gpus-per-node", str(GPUS_PER_NODE),
                            "--expect", f"{HEAD},{WORKER}", "--timeout", "60", *args], env=env, capture_output=True,
                           text=True, timeout=150, check=False)
@@ -265,7 +265,7 @@ def test_the_check_refuses_a_resume_whose_tracked_iteration_is_incomplete(ray_cl
 
 
 def test_the_check_refuses_an_interface_name_a_node_lacks(ray_cluster: dict, driver: None) -> None:
-    """Each node's task reads that node's interfaces (cluster_net.py: Gloo's exact names, NCCL's prefixes)."""
+    """Each node's task reads that node's interfaces (cluster/net.py: Gloo's exact names, NCCL's prefixes)."""
     rc, (line,) = run_check(ray_cluster, "--interface", "NCCL_SOCKET_IFNAME=l", "--interface", "GLOO_SOCKET_IFNAME=l")
     said = re.fullmatch(rf"cluster check failed: node {HEAD}: GLOO_SOCKET_IFNAME=l names no network interface there "
                         r"\(it has: (.*)\) \(and 1 more\)", line)

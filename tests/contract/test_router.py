@@ -25,7 +25,7 @@ from test_scripts import ROOT, run_script
 
 from tau2_rl_pipeline.benchmark.user_client import chat_client, parse_chat_response
 from tau2_rl_pipeline.rollout.engines import SamplingParams, SGLangEngine, TransformersEngine
-from tau2_rl_pipeline.testing.loopback_server import LoopbackServer
+from support.loopback_server import LoopbackServer
 
 
 def free_port() -> int:

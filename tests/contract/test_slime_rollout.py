@@ -17,7 +17,7 @@ from tau2_rl_pipeline.benchmark.actions import render_assistant_text
 from tau2_rl_pipeline.benchmark.tasks import load_tasks
 from tau2_rl_pipeline.rollout import gc_policy
 from tau2_rl_pipeline.slime_plugins.adapter import in_flight_cap
-from tau2_rl_pipeline.testing.loopback_server import Fault, LoopbackServer
+from support.loopback_server import Fault, LoopbackServer
 
 STOP = "###STOP###"
 ASYNC_ROLLOUT = "tau2_rl_pipeline.slime_plugins.adapter.generate_rollout_fully_async"

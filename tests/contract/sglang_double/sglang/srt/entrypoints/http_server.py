@@ -39,7 +39,7 @@ def launch_server(server_args, *args, **kwargs) -> None:
         record["error"] = str(exc)
         _record(record)
         raise SystemExit(1) from None
-    from tau2_rl_pipeline.testing.loopback_server import LoopbackServer
+    from support.loopback_server import LoopbackServer
 
     try:
         server = LoopbackServer.from_model_dir(server_args.model_path, host=server_args.host, port=server_args.port,

@@ -1,8 +1,8 @@
 """Before a multi-node slime run: every node the layout needs has joined the Ray cluster with its GPUs, has the network
-interfaces GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME name (cluster_net.py), and sees the stage's checkpoint and data
+interfaces GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME name (net.py), and sees the stage's checkpoint and data
 paths where the head sees them (storage every node mounts at the same path), with the same content: the data file
 identical to the head's (size and sha256), the HF model and the Megatron checkpoint(s) the run loads complete
-(cluster_inputs.py says what complete means for each).
+(inputs.py says what complete means for each).
 
 Why: slime's actors on a worker load `--load` and save `--save` by path, and decide where a resumed run starts from
 `latest_checkpointed_iteration.txt` there; a worker with its own local directory would start at another rollout id
@@ -12,7 +12,7 @@ every model has loaded. A worker that never joined leaves slime's placement grou
 scripts/cluster.sh runs it on the head of a cluster it started (a Ray driver at the head's GCS address), and as a Ray
 job on a cluster it joined (Slurm, KubeRay: `ray job submit -- python -m ...`, no --address):
 
-    python -m tau2_rl_pipeline.slime_plugins.cluster_check --address 10.0.0.1:6379 --nodes 2 --gpus-per-node 8 \
+    python -m tau2_rl_pipeline.cluster.check --address 10.0.0.1:6379 --nodes 2 --gpus-per-node 8 \
         --expect 10.0.0.1,10.0.0.2 --interface GLOO_SOCKET_IFNAME=eth0 --token /ckpt/grpo/.tau2-shared-check=TOKEN \
         --data /data/tasks.jsonl --checkpoint /ckpt/rft --hf-model /models/Qwen3-4B
 
@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tau2_rl_pipeline.slime_plugins.cluster_inputs import (
+from tau2_rl_pipeline.cluster.inputs import (
     CheckpointFacts,
     DirFacts,
     FileFacts,
@@ -40,7 +40,7 @@ from tau2_rl_pipeline.slime_plugins.cluster_inputs import (
     read_data,
     read_hf_model,
 )
-from tau2_rl_pipeline.slime_plugins.cluster_net import VARIABLES, Interfaces, interface_problem, read_interfaces
+from tau2_rl_pipeline.cluster.net import VARIABLES, Interfaces, interface_problem, read_interfaces
 
 SHARED_STORAGE_HINT = "put checkpoints and data on storage every node mounts at the same path"
 
@@ -48,7 +48,7 @@ SHARED_STORAGE_HINT = "put checkpoints and data on storage every node mounts at 
 @dataclass(frozen=True)
 class NodeView:
     """What one alive Ray node has and sees: its address, its GPUs, the token files' contents (None: not there), what
-    it has at each input path (cluster_inputs.py) and its network interfaces (cluster_net.py)."""
+    it has at each input path (inputs.py) and its network interfaces (net.py)."""
 
     ip: str
     gpus: float
@@ -84,7 +84,7 @@ def joined_problems(nodes: list[NodeView], *, num_nodes: int, gpus_per_node: int
 
 
 def interface_problems(nodes: list[NodeView], settings: list[tuple[str, str]], head: str) -> list[str]:
-    """Each node must have what each interface variable names (cluster_net.py's rules): every worker gets the head's
+    """Each node must have what each interface variable names (net.py's rules): every worker gets the head's
     values on `ray start`, and a worker whose interface has another name would fail only in Gloo's or NCCL's setup.
     The head's problems come first."""
     return [f"node {node.ip}: {why}" for node in sorted(nodes, key=lambda n: n.ip != head)

@@ -9,9 +9,9 @@ own address, with a host key and a client key made for the run; ssh from one hos
 namespaces. The hosts' interfaces are veth pairs into one bridge that lives in a namespace of its own: nothing is
 added to this machine's own network namespace, no address, no route, no interface.
 
-    python -m tau2_rl_pipeline.testing.hosts up --hosts 3 --shared /data/run1   # prints how to use them
-    python -m tau2_rl_pipeline.testing.hosts exec t2h1234 0 -- bash             # a shell on host 0 (the head)
-    python -m tau2_rl_pipeline.testing.hosts down t2h1234
+    python -m support.hosts up --hosts 3 --shared /data/run1   # prints how to use them
+    python -m support.hosts exec t2h1234 0 -- bash             # a shell on host 0 (the head)
+    python -m support.hosts down t2h1234
 
 Everything of a run is named after it (`t2h<pid>`, namespaces `t2h<pid>-h0`..., `t2h<pid>-sw`, files under
 /var/tmp/t2h<pid>), so concurrent runs never meet. Teardown kills every process in each host's network namespace,
@@ -352,7 +352,7 @@ def sweep() -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tau2_rl_pipeline.testing.hosts", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m support.hosts", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
     up = sub.add_parser("up", help="start N hosts")
     up.add_argument("--hosts", type=int, default=2)
@@ -377,7 +377,7 @@ def main(argv: list[str] | None = None) -> int:
         first = hosts.hosts[0].address
         hostfile = hosts.base / "hostfile"
         hostfile.write_text("".join(f"{a} slots=8\n" for a in hosts.addresses))
-        me = "python -m tau2_rl_pipeline.testing.hosts"
+        me = "python -m support.hosts"
         print(f"hosts {hosts.run_id} up: {', '.join(hosts.addresses)} (shared: {hosts.shared})\n"
               f"a shell on the head:   {me} exec {hosts.run_id} 0 -- bash\n"
               f"then, on the head:     export HOSTFILE={hostfile} MASTER_ADDR={first} SLIME_HOST_IP={first} "
@@ -388,7 +388,7 @@ def main(argv: list[str] | None = None) -> int:
         _teardown(args.run_id)
         return 0
     if not (RUNS_DIR / args.run_id / "state.json").exists():
-        print(f"error: no hosts {args.run_id} are up (python -m tau2_rl_pipeline.testing.hosts up ...)", file=sys.stderr)
+        print(f"error: no hosts {args.run_id} are up (python -m support.hosts up ...)", file=sys.stderr)
         return 1
     hosts = Hosts.attach(args.run_id)
     command = args.argv[1:] if args.argv[:1] == ["--"] else args.argv

@@ -1,5 +1,5 @@
 """The network interfaces GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME name, on a node: the cluster check's network half
-(cluster_check.py reads them on every node of the Ray cluster; scripts/cluster.sh runs `main` on the head before Ray
+(check.py reads them on every node of the Ray cluster; scripts/cluster.sh runs `main` on the head before Ray
 starts).
 
 Why: each worker's `ray start` gets the head's values, and nothing else looks at them before torch.distributed builds
@@ -102,7 +102,7 @@ def interface_problem(variable: str, value: str, interfaces: Interfaces, where: 
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m tau2_rl_pipeline.slime_plugins.cluster_net NAME=VALUE...`: each setting that leaves this node
+    """`python -m tau2_rl_pipeline.cluster.net NAME=VALUE...`: each setting that leaves this node
     without its interface, one line each; exit 1 if any."""
     problems = []
     for arg in sys.argv[1:] if argv is None else argv:

@@ -6,7 +6,7 @@ model, and the request/response shapes follow SGLang's documented native `/gener
 inject faults (5xx, dropped connections, hangs, non-JSON bodies), add latency, record every request and the
 peak number open at once, and replay scripted token sequences.
 
-    python -m tau2_rl_pipeline.testing.loopback_server --model DIR --port 30000
+    python -m support.loopback_server --model DIR --port 30000
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from tau2_rl_pipeline.rollout.engines import GenerateResult, SamplingParams, Sto
 
 HOST = "127.0.0.1"  # loopback only: this server has no authentication
 LOOPBACK_HOSTS = ("127.0.0.1", "::1")
-# Also the benchmarking range (RFC 2544), never routed: the namespaced hosts of testing/hosts.py, which only each other
+# Also the benchmarking range (RFC 2544), never routed: the namespaced hosts of tests/support/hosts.py, which only each other
 # reach, give their servers addresses there.
 TEST_HOSTS = ipaddress.ip_network("198.18.0.0/15")
 PREFIX_CACHE_PROMPTS = 256  # recent prompts a request's cached prefix is looked up in (as SGLang's radix cache)

@@ -9,7 +9,7 @@ of these left the stage script waiting. The watch runs on the head beside the jo
 minute after a link is cut with Ray's defaults; seconds after a raylet exits) or a GCS that stops answering
 (the head's Ray gone) is printed as one line and the watch exits 3; the script then stops the job and the cluster.
 
-    python -m tau2_rl_pipeline.slime_plugins.cluster_watch --address 10.0.0.1:6379 --expect 10.0.0.1,10.0.0.2
+    python -m tau2_rl_pipeline.cluster.watch --address 10.0.0.1:6379 --expect 10.0.0.1,10.0.0.2
 
 `lost_node` and `head_lost` are the pure verdicts; Ray and sockets are at the edges.
 """
@@ -88,7 +88,7 @@ def watch(address: str, expect: list[str], interval_s: float, gcs_patience_s: fl
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m tau2_rl_pipeline.slime_plugins.cluster_watch",
+    parser = argparse.ArgumentParser(prog="python -m tau2_rl_pipeline.cluster.watch",
                                      description=__doc__.split("\n")[0])
     parser.add_argument("--address", required=True, help="the head's GCS, HOST:PORT")
     parser.add_argument("--expect", required=True, help="the nodes' addresses, comma-separated (the head's first)")
