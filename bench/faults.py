@@ -38,6 +38,8 @@ from aiohttp import web
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable as a script from anywhere
 sys.path.insert(1, str(Path(__file__).resolve().parents[1] / "tests"))  # the test rigs (tests/support)
 
+from support.loopback_server import HOST, Fault, LoopbackServer  # noqa: E402
+
 from tau2_rl_pipeline.benchmark.actions import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, format_tool_call, parse_completion  # noqa: E402
 from tau2_rl_pipeline.benchmark.episode import build_environment  # noqa: E402
 from tau2_rl_pipeline.benchmark.users import ScriptedUser, make_user_factory  # noqa: E402
@@ -52,7 +54,6 @@ from tau2_rl_pipeline.rollout.episode_loop import (  # noqa: E402
     Trajectory,
     run_episode,
 )
-from support.loopback_server import HOST, Fault, LoopbackServer  # noqa: E402
 
 CORPUS_DIR = Path(__file__).resolve().parents[1] / "tests" / "data" / "adversarial"
 
@@ -456,8 +457,8 @@ def fault_table(run: Callable[[str], list[Trajectory]], make_proxy: Callable[[Se
 def main(argv: Sequence[str] | None = None) -> int:
     import logging
 
-    from tau2_rl_pipeline.rollout.engines import TransformersEngine
     from tau2_rl_pipeline.local.tiny_model import build_tiny_qwen3, domain_corpus, train_small_tokenizer
+    from tau2_rl_pipeline.rollout.engines import TransformersEngine
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--episodes", type=int, default=200, help="episodes per fault row")

@@ -256,8 +256,8 @@ async def run_batch(base_url: str, domain: str, tasks: list, episodes: int, conc
                     cfg, user_factory=None) -> dict:
     """`episodes` episodes (tasks cycled; the scripted user unless `user_factory` says otherwise) through the
     evaluator's runner, at most `concurrency` in flight: wall time, CPU, stalls, GC passes."""
-    from tau2_rl_pipeline.eval.runner import run_episodes_on_sglang
     from tau2_rl_pipeline.benchmark.users import make_user_factory
+    from tau2_rl_pipeline.eval.runner import run_episodes_on_sglang
 
     pending = [(domain, task, i // len(tasks)) for i, task in enumerate(itertools.islice(itertools.cycle(tasks),
                                                                                         episodes))]

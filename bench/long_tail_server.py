@@ -82,8 +82,9 @@ def canned_server_class():
     hosts, not on the rollout machine: the teacher-forced scoring of scripted replies (log-probs here are a
     constant, as bench/harness.py's canned engine answers) and the prefix-cache lookup over recent prompts. With
     them, on 2 cores, this process saturated a core and set the pace of the over-sampled steps (`--score`)."""
-    from tau2_rl_pipeline.rollout.engines import GenerateResult
     from support.loopback_server import LoopbackServer, truncate_scripted
+
+    from tau2_rl_pipeline.rollout.engines import GenerateResult
 
     class CannedLoopbackServer(LoopbackServer):
         def _cached_tokens(self, input_ids: list[int]) -> int:
@@ -101,7 +102,6 @@ def canned_server_class():
 def serve(model: str, latency: float, seed: int, tail_rate: float, score: bool) -> int:
     """The loopback server with the responder; prints its port, then answers `stats` / `reset` lines on stdin."""
     import torch
-
     from support.loopback_server import LoopbackServer
 
     # One thread: on a busy 2-core machine torch's two threads wait on each other (a 1000-token teacher-forced

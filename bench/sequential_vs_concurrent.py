@@ -25,10 +25,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from harness import TOOL, CannedSGLang, load_tokenizer, policy_sampling  # noqa: E402
 
-from tau2_rl_pipeline.eval.runner import run_episodes_on_sglang  # noqa: E402
 from tau2_rl_pipeline.benchmark.tasks import load_tasks  # noqa: E402
 from tau2_rl_pipeline.benchmark.users import make_user_factory  # noqa: E402
 from tau2_rl_pipeline.config import Tau2Config  # noqa: E402
+from tau2_rl_pipeline.eval.runner import run_episodes_on_sglang  # noqa: E402
 
 
 async def evaluate(base_url: str, pending: list, tokenizer, concurrency: int, cfg: Tau2Config) -> tuple[float, dict]:

@@ -12,13 +12,15 @@ import argparse
 import copy
 import dataclasses
 import difflib
+import functools
 import math
 import os
 import sys
 import textwrap
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any, Mapping
+from typing import Any
 
 ENV_PREFIX = "TAU2_"
 CURRICULUM_MAX_WEIGHT = 5.0  # AWSFT's largest weight (learning/awsft.py MAX_WEIGHT): a larger curriculum weight saturates it
@@ -225,7 +227,7 @@ class Tau2Config:
 
     # -- construction ---------------------------------------------------------------------------
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> "Tau2Config":
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Tau2Config:
         """Defaults, then `TAU2_*` variables, then explicit overrides (CLI flags); validated."""
         environ = os.environ if environ is None else environ
         warn_unknown_variables(environ)
@@ -333,6 +335,11 @@ def _parse(name: str, raw: str, typ: Any) -> Any:
         else:
             kind = getattr(typ, "__name__", str(typ))
         raise ConfigError(f"{name}={raw!r} is not a valid {kind}") from None
+
+
+def _parse_tuple(name: str, raw: str) -> tuple[float, ...]:
+    """A tuple-of-floats flag (--help-config's flags), read as its TAU2_* variable would be."""
+    return _parse(name, raw, tuple[float, ...])
 
 
 def config_help() -> str:
@@ -454,7 +461,7 @@ def add_config_args(parser: argparse.ArgumentParser) -> None:
                                 help=argparse.SUPPRESS)
         elif typing.get_origin(typ) is tuple:
             parser.add_argument(flag, dest=f.name, default=None,
-                                type=lambda s, n=env_var(f.name): _parse(n, s, tuple[float, ...]),
+                                type=functools.partial(_parse_tuple, env_var(f.name)),
                                 help=argparse.SUPPRESS)
         else:
             parser.add_argument(flag, dest=f.name, default=None, type=typ, help=argparse.SUPPRESS)

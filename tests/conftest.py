@@ -87,10 +87,9 @@ def loopback_judge(tiny_engine: Any) -> Iterator[Any]:
     """A loopback server answering tau2 1.0.1's NL-assertion judge prompts (tests/judge_double.py), made the judge
     of every run for the whole session through the TAU2_JUDGE_* variables (subprocesses included)."""
     from judge_double import judge_answer
-
-    from tau2_rl_pipeline.benchmark import judge
     from support.loopback_server import LoopbackServer
 
+    from tau2_rl_pipeline.benchmark import judge
     from tau2_rl_pipeline.config import Tau2Config
 
     with LoopbackServer(tiny_engine, model_name="judge") as server:

@@ -159,8 +159,8 @@ def test_the_gym_env_builds_banking_with_its_variant_and_scores_with_tau2s_evalu
 
 
 def test_a_variant_that_cannot_run_here_is_refused_in_one_line(monkeypatch, tmp_path: Path) -> None:
-    from tau2_rl_pipeline.eval.eval_passk import main
     from tau2_rl_pipeline.benchmark.tau2_version import RetrievalVariantError, check_retrieval_variant, retrieval_needs
+    from tau2_rl_pipeline.eval.eval_passk import main
 
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     assert retrieval_needs("alltools") == ["rank_bm25", "OPENAI_API_KEY", "srt"]
@@ -192,6 +192,7 @@ def test_an_evaluation_on_banking_is_read_by_tau2_and_its_submission_passes_tau2
     """eval_passk with the scripted user and a policy server answering the oracle's turns: reward 1 per task,
     results files tau2 1.0.1's loader and metrics read (retrieval_config recorded), a submission it validates."""
     from rich.console import Console
+    from support.loopback_server import LoopbackServer
     from tau2.data_model.simulation import Results
     from tau2.metrics.agent_metrics import compute_metrics
     from tau2.scripts.leaderboard.prepare_submission import check_and_load_submission_data, validate_submission_metrics
@@ -199,7 +200,6 @@ def test_an_evaluation_on_banking_is_read_by_tau2_and_its_submission_passes_tau2
 
     from tau2_rl_pipeline.eval.eval_passk import main
     from tau2_rl_pipeline.learning.oracle_demos import demo_turns
-    from support.loopback_server import LoopbackServer
 
     ids = ["task_001", "task_004"]  # a user-side write (the scripted user performs it), an ACTION-basis task
     tok = tiny_engine.tokenizer

@@ -14,7 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "contract"))
 
-from contract_tier import MISSING
+from contract_tier import MISSING  # noqa: E402
 
 if MISSING is not None:
     pytest.skip(MISSING.replace("contract tier skipped", "bench/long_tail.py needs slime"), allow_module_level=True)

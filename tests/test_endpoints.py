@@ -14,17 +14,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.loopback_server import LoopbackServer
 from test_eval_passk import SMALL, run_cli
 from test_scripts import flags, run_script
 
-from tau2_rl_pipeline.eval.backends import SetupError, check_sglang
-from tau2_rl_pipeline.eval.plan import _safe_url
 from tau2_rl_pipeline.benchmark.user_client import chat_client, parse_chat_response
 from tau2_rl_pipeline.benchmark.users import UserConfigError, make_user_factory
 from tau2_rl_pipeline.config import Tau2Config
+from tau2_rl_pipeline.eval.backends import SetupError, check_sglang
+from tau2_rl_pipeline.eval.plan import _safe_url
 from tau2_rl_pipeline.http_post import pick_server, split_urls
 from tau2_rl_pipeline.rollout.engines import EngineError, SamplingParams, SGLangEngine, TransformersEngine
-from support.loopback_server import LoopbackServer
 
 
 def free_port() -> int:

@@ -20,7 +20,16 @@ import aiohttp
 import httpx
 import pytest
 import torch
+from support.loopback_server import Fault, LoopbackServer, parse_qwen3_tool_calls, truncate_scripted
 
+from tau2_rl_pipeline.local.tiny_model import (
+    QWEN3_CHAT_TEMPLATE,
+    SPECIAL_TOKENS,
+    TOOL_TOKENS,
+    build_tiny_qwen3,
+    domain_corpus,
+    train_small_tokenizer,
+)
 from tau2_rl_pipeline.rollout.engines import (
     EngineError,
     GenerateResult,
@@ -32,15 +41,6 @@ from tau2_rl_pipeline.rollout.engines import (
     parse_generate_response,
     sampling_logprobs,
     sglang_generate_body,
-)
-from support.loopback_server import Fault, LoopbackServer, parse_qwen3_tool_calls, truncate_scripted
-from tau2_rl_pipeline.local.tiny_model import (
-    QWEN3_CHAT_TEMPLATE,
-    SPECIAL_TOKENS,
-    TOOL_TOKENS,
-    build_tiny_qwen3,
-    domain_corpus,
-    train_small_tokenizer,
 )
 
 MOCK_TOOL = {"type": "function", "function": {

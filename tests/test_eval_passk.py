@@ -25,10 +25,15 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from support.loopback_server import LoopbackServer
 from task_sample import representative
 from tau2.data_model.simulation import Results
 from tau2.metrics.agent_metrics import compute_metrics
 
+from tau2_rl_pipeline.benchmark.tasks import load_tasks
+from tau2_rl_pipeline.benchmark.tau2_version import V1, needs_judge
+from tau2_rl_pipeline.benchmark.users import make_user_factory, opening_request
+from tau2_rl_pipeline.config import Tau2Config
 from tau2_rl_pipeline.eval.args import build_parser, default_output
 from tau2_rl_pipeline.eval.episodes_file import (
     EpisodesFile,
@@ -43,14 +48,9 @@ from tau2_rl_pipeline.eval.episodes_file import (
 from tau2_rl_pipeline.eval.eval_passk import main
 from tau2_rl_pipeline.eval.runner import episode_seed, run_episodes
 from tau2_rl_pipeline.eval.tau2_results import results_info, tau2_results
-from tau2_rl_pipeline.benchmark.tasks import load_tasks
-from tau2_rl_pipeline.benchmark.tau2_version import V1, needs_judge
-from tau2_rl_pipeline.benchmark.users import make_user_factory, opening_request
-from tau2_rl_pipeline.config import Tau2Config
 from tau2_rl_pipeline.metrics import summarize
 from tau2_rl_pipeline.rollout.engines import GenerateResult, SamplingParams
 from tau2_rl_pipeline.rollout.episode_loop import turn_seed
-from support.loopback_server import LoopbackServer
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 MOCK_IDS = [t.id for t in load_tasks("mock", "base")]

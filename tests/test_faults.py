@@ -21,13 +21,13 @@ from typing import Any
 
 import httpx
 import pytest
+from support.loopback_server import LoopbackServer
 
 from tau2_rl_pipeline.benchmark.tasks import load_tasks
 from tau2_rl_pipeline.config import Tau2Config
 from tau2_rl_pipeline.metrics import summarize
 from tau2_rl_pipeline.rollout.engines import SamplingParams, SGLangEngine
 from tau2_rl_pipeline.rollout.episode_loop import ABORTED, Trajectory
-from support.loopback_server import LoopbackServer
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -13,7 +13,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from support import hosts as hosts_mod
 
 WHY_NOT = hosts_mod.unavailable()

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from judge_double import expected_outcomes, judge_answer
+from support.loopback_server import Fault, LoopbackServer
 
 from tau2_rl_pipeline.benchmark import judge
 from tau2_rl_pipeline.benchmark.judge import (
@@ -25,7 +26,6 @@ from tau2_rl_pipeline.benchmark.judge import (
 )
 from tau2_rl_pipeline.benchmark.tau2_version import V1, judge_default_model, needs_judge
 from tau2_rl_pipeline.config import ConfigError, Tau2Config
-from support.loopback_server import Fault, LoopbackServer
 
 PROMPT = [{"role": "system", "content": "grade"},
           {"role": "user", "content": "conversation:\nuser: hi\n\nexpectedOutcomes:\n['Agent greets', 'Agent helps']"}]
@@ -237,8 +237,8 @@ def test_a_run_configures_the_judge_from_its_config_and_only_when_it_has_a_judge
 
 @needs_v1
 def test_a_judge_outage_aborts_episodes_and_none_is_scored(loopback_judge, tiny_engine, small_tokenizer) -> None:
-    from tau2_rl_pipeline.eval.runner import run_episodes
     from tau2_rl_pipeline.benchmark.users import make_user_factory
+    from tau2_rl_pipeline.eval.runner import run_episodes
     from tau2_rl_pipeline.rollout.engines import SamplingParams
 
     task = _retail_judged_task()
@@ -285,8 +285,8 @@ def test_the_judge_never_runs_on_the_event_loop_even_with_episode_workers_zero(l
                                                                                monkeypatch) -> None:
     """TAU2_EPISODE_WORKERS=0 runs episode work on the loop; tau2's judge call (litellm, blocking for seconds)
     would stall every episode in flight there, so a judged evaluation goes to a thread all the same."""
-    from tau2_rl_pipeline.eval.runner import run_episodes
     from tau2_rl_pipeline.benchmark.users import make_user_factory
+    from tau2_rl_pipeline.eval.runner import run_episodes
     from tau2_rl_pipeline.rollout.engines import SamplingParams
 
     calls_from: list[int] = []

@@ -7,6 +7,7 @@ import asyncio
 import dataclasses
 
 import pytest
+from support.loopback_server import Fault, LoopbackServer
 from tau2.data_model.message import AssistantMessage, ToolCall, ToolMessage, UserMessage
 from tau2.data_model.simulation import RewardInfo
 
@@ -25,7 +26,6 @@ from tau2_rl_pipeline.local.grpo import _rollouts as _grpo_rollouts
 from tau2_rl_pipeline.rollout.engines import SamplingParams
 from tau2_rl_pipeline.rollout.episode_loop import ABORTED, COMPLETED, Trajectory
 from tau2_rl_pipeline.slime_plugins.adapter import fill_sample
-from support.loopback_server import Fault, LoopbackServer
 
 MESSAGES = [
     AssistantMessage(role="assistant", content="Hi! How can I help you today?"),

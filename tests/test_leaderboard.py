@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tau2_rl_pipeline.eval.submission import SubmissionError, build_submission, check_submittable
 from tau2_rl_pipeline.benchmark.tau2_version import V1
+from tau2_rl_pipeline.eval.submission import SubmissionError, build_submission, check_submittable
 
 SUMMARY = {"benchmark": {"tau2_version": "1.0.1", "task_set_hash": "0" * 16},
            "episodes": {"aborted": []},
@@ -73,6 +73,7 @@ def test_a_1_0_1_run_is_read_by_tau2_and_its_submission_passes_tau2s_validation(
         tiny_engine, tiny_small_dir: Path, loopback_judge, tmp_path: Path) -> None:
     from judge_double import judge_answer
     from rich.console import Console
+    from support.loopback_server import LoopbackServer
     from tau2.data_model.simulation import Results
     from tau2.metrics.agent_metrics import compute_metrics
     from tau2.scripts.leaderboard.prepare_submission import (
@@ -83,7 +84,6 @@ def test_a_1_0_1_run_is_read_by_tau2_and_its_submission_passes_tau2s_validation(
     from tau2.scripts.leaderboard.submission import Submission
 
     from tau2_rl_pipeline.eval.eval_passk import main
-    from support.loopback_server import LoopbackServer
 
     goodbye = tiny_engine.tokenizer.encode("Thank you, goodbye." + tiny_engine.tokenizer.eos_token,
                                            add_special_tokens=False)

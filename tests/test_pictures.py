@@ -269,8 +269,8 @@ def test_readme_tasks_command_runs_as_typed_from_a_fresh_shell(tmp_path: Path) -
 def test_help_config_lists_every_setting_that_help_leaves_out() -> None:
     from dataclasses import fields
 
-    from tau2_rl_pipeline.eval.args import build_parser
     from tau2_rl_pipeline.config import Tau2Config, config_help, env_var
+    from tau2_rl_pipeline.eval.args import build_parser
 
     text = config_help()
     help_text = build_parser().format_help()

@@ -12,15 +12,15 @@ from pathlib import Path
 import pytest
 from tau2.data_model.simulation import Results
 
-from tau2_rl_pipeline.eval.qualify import main
+from tau2_rl_pipeline.benchmark import user_monitors as um
 from tau2_rl_pipeline.benchmark.actions import format_tool_call
 from tau2_rl_pipeline.benchmark.oracle_play import (
     EVALUATOR_DISAGREED,
     USER_ACTION_NOT_PERFORMED,
     USER_TRANSFERRED_OR_ENDED,
 )
-from tau2_rl_pipeline.benchmark import user_monitors as um
 from tau2_rl_pipeline.config import Tau2Config
+from tau2_rl_pipeline.eval.qualify import main
 from tau2_rl_pipeline.eval.qualify_canned import qualify_user
 
 MOCK_FAULT = "update_task_with_history_and_env_assertions"  # tau2 26.3's mock: even the gold replay scores 0

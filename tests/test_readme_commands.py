@@ -8,8 +8,8 @@ import re
 from dataclasses import fields
 from pathlib import Path
 
-from tau2_rl_pipeline.eval.plan import output_paths
 from tau2_rl_pipeline.config import Tau2Config, env_var
+from tau2_rl_pipeline.eval.plan import output_paths
 
 ROOT = Path(__file__).resolve().parents[1]
 # The front door and its pages, read as one text: a command may sit on either.

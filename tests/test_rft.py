@@ -132,8 +132,8 @@ def test_domain_stats_count_episodes_successes_and_rows(telecom):
 
 
 def _episode_file(path: Path, records: list[dict], version: str | None = None) -> None:
-    from tau2_rl_pipeline.eval.episodes_file import EpisodesFile
     from tau2_rl_pipeline.benchmark.tau2_version import VERSION
+    from tau2_rl_pipeline.eval.episodes_file import EpisodesFile
 
     log = EpisodesFile(path, {"task_split": "train"},
                        benchmark={"tau2_version": version or VERSION, "task_set_hash": "0" * 16})

@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import pytest
 import torch
+from support.loopback_server import Fault
 
 from tau2_rl_pipeline.benchmark.actions import render_assistant_text
 from tau2_rl_pipeline.benchmark.oracle import final_message, gold_actions
@@ -16,7 +17,6 @@ from tau2_rl_pipeline.benchmark.users import ScriptedUser, UserConfigError, make
 from tau2_rl_pipeline.config import Tau2Config
 from tau2_rl_pipeline.rollout.engines import GenerateResult, SamplingParams, SGLangEngine, TransformersEngine
 from tau2_rl_pipeline.rollout.episode_loop import ABORTED, COMPLETED, TRUNCATED, Driver, EpisodeSpec, run_episode
-from support.loopback_server import Fault
 
 CFG = Tau2Config.from_env({})
 

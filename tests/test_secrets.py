@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.loopback_server import LoopbackServer
 
 from tau2_rl_pipeline.benchmark.tasks import load_tasks
 from tau2_rl_pipeline.config import Tau2Config
-from support.loopback_server import LoopbackServer
 
 ROOT = Path(__file__).resolve().parents[1]
 PLANTED = {"OPENAI_API_KEY": "sk-planted-OPENAI-1234", "HF_TOKEN": "hf_planted_5678",

@@ -7,15 +7,15 @@ import asyncio
 import multiprocessing
 
 import pytest
+from support.loopback_server import LoopbackServer
 
-from tau2_rl_pipeline.eval.plan import make_plan
-from tau2_rl_pipeline.eval.runner import run_episodes
-from tau2_rl_pipeline.eval.shards import ShardError, run_sharded, split
 from tau2_rl_pipeline.benchmark.tasks import load_tasks
 from tau2_rl_pipeline.benchmark.users import make_user_factory
 from tau2_rl_pipeline.config import Tau2Config
+from tau2_rl_pipeline.eval.plan import make_plan
+from tau2_rl_pipeline.eval.runner import run_episodes
+from tau2_rl_pipeline.eval.shards import ShardError, run_sharded, split
 from tau2_rl_pipeline.rollout.engines import SamplingParams, SGLangEngine
-from support.loopback_server import LoopbackServer
 
 CFG = Tau2Config.from_env({}, max_turns=3, episode_workers=0)
 

@@ -16,6 +16,7 @@ import json
 from typing import Any
 
 import pytest
+from support.loopback_server import LoopbackServer
 from tau2.data_model.message import AssistantMessage, ToolMessage, UserMessage
 
 from tau2_rl_pipeline.benchmark.actions import format_tool_call, render_assistant_text, split_reasoning
@@ -27,7 +28,6 @@ from tau2_rl_pipeline.benchmark.users import UserConfigError, make_user_factory,
 from tau2_rl_pipeline.config import Tau2Config
 from tau2_rl_pipeline.rollout.engines import SamplingParams, SGLangEngine
 from tau2_rl_pipeline.rollout.episode_loop import COMPLETED, Driver, EpisodeSpec, run_episode
-from support.loopback_server import LoopbackServer
 
 # domain -> (task split, a read-only agent tool and its arguments)
 DOMAINS = {"mock": ("base", "get_users", {}), "airline": ("test", "list_all_airports", {}),

@@ -9,6 +9,7 @@ import asyncio
 import json
 
 import pytest
+from support.loopback_server import LoopbackServer
 from tau2.data_model.message import AssistantMessage
 
 from tau2_rl_pipeline.benchmark.actions import format_tool_call
@@ -24,7 +25,6 @@ from tau2_rl_pipeline.benchmark.user_strategies import (
 )
 from tau2_rl_pipeline.benchmark.users import make_user_factory, user_client_kind
 from tau2_rl_pipeline.config import Tau2Config
-from support.loopback_server import LoopbackServer
 
 GREETING = AssistantMessage(role="assistant", content="Hi! How can I help you today?")
 GOOD = "Please create a task called Buy groceries for me."

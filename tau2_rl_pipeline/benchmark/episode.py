@@ -16,9 +16,10 @@ import contextlib
 import logging
 import time
 import uuid
+from collections.abc import Collection, Sequence
 from copy import deepcopy
 from dataclasses import dataclass
-from typing import Any, Collection, Sequence
+from typing import Any
 
 from pydantic import ValidationError
 from tau2.data_model.message import AssistantMessage, Message, MultiToolMessage, ToolCall, ToolMessage, UserMessage

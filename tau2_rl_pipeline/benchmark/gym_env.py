@@ -6,7 +6,7 @@ episode behind gymnasium's reset/step, with tau2's task reward when it ends.
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import gymnasium as gym
 from tau2.data_model.tasks import Task

@@ -57,7 +57,7 @@ class JudgeUsage:
     prompt_tokens: int = 0  # over every attempt that got an answer
     completion_tokens: int = 0
 
-    def add(self, other: "JudgeUsage") -> None:
+    def add(self, other: JudgeUsage) -> None:
         for k, v in asdict(other).items():
             setattr(self, k, getattr(self, k) + v)
 
@@ -76,7 +76,7 @@ class JudgeSettings:
     answers: str = "tau2"  # TAU2_JUDGE_ANSWERS: which answers are graded (tau2's own parsing, or strict)
 
     @classmethod
-    def from_config(cls, cfg: Tau2Config) -> "JudgeSettings":
+    def from_config(cls, cfg: Tau2Config) -> JudgeSettings:
         from tau2_rl_pipeline.benchmark.tau2_version import judge_default_model
 
         return cls(model=cfg.judge_model or judge_default_model() or "gpt-4.1-2025-04-14",

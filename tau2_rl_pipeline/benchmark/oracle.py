@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Callable
+from collections.abc import Callable
 
 from tau2.data_model.simulation import RewardInfo, TerminationReason
 from tau2.data_model.tasks import Action, Task
@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         reward = replay_gold_actions(args.domain, task).reward
         full += reward == 1.0
         last = last_write_index(args.domain, task)
-        dropped = "-" if last is None else f"{replay_gold_actions(args.domain, task, keep=lambda i, _: i != last).reward:.1f}"
+        dropped = "-" if last is None else f"{replay_gold_actions(args.domain, task, keep=lambda i, _, last=last: i != last).reward:.1f}"
         table.add_row(task.id, str(len(gold_actions(task))), f"{reward:.1f}", dropped)
     console = Console()
     console.print(table)

@@ -9,7 +9,8 @@ policy plus the tech-support manual, as tau2's environment builds it). Tools go 
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 from tau2.agent.llm_agent import AGENT_INSTRUCTION, SYSTEM_PROMPT
 from tau2.data_model.message import AssistantMessage, Message, ToolMessage, UserMessage

@@ -60,7 +60,7 @@ def probe_question(fact: Fact) -> str:
 
 def _label(path: tuple[Any, ...]) -> str:
     parts: list[str] = []
-    for i, key in enumerate(path):
+    for key in path:
         if isinstance(key, int):
             name = parts.pop() if parts else "item"
             parts.append(f"{name[:-1] if name.endswith('s') else name} {key + 1}")

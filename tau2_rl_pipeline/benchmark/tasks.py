@@ -47,8 +47,8 @@ def check_split(domain: str, split: str) -> str:
     return split
 
 
-@functools.lru_cache(maxsize=None)
-def _load(domain: str, split: str) -> tuple["Task", ...]:
+@functools.cache
+def _load(domain: str, split: str) -> tuple[Task, ...]:
     from tau2.registry import registry
 
     if (domain, split) in TASK_SETS:
@@ -58,18 +58,18 @@ def _load(domain: str, split: str) -> tuple["Task", ...]:
     return tuple(registry.get_tasks_loader(domain)(split))
 
 
-def load_tasks(domain: str, split: str) -> list["Task"]:
+def load_tasks(domain: str, split: str) -> list[Task]:
     """The tasks of one domain split, in tau2's order (cached: tau2 parses the task files each call)."""
     check_split(domain, split)
     return list(_load(domain, split))
 
 
-@functools.lru_cache(maxsize=None)
-def _index(domain: str, split: str) -> dict[str, "Task"]:
+@functools.cache
+def _index(domain: str, split: str) -> dict[str, Task]:
     return {t.id: t for t in _load(domain, split)}
 
 
-def get_task(domain: str, task_id: str, split: str | None = None) -> "Task":
+def get_task(domain: str, task_id: str, split: str | None = None) -> Task:
     """Find a task by id; without a split, the domain's base set (telecom: full) is searched."""
     split = split or ("full" if domain == "telecom" else "base")
     check_split(domain, split)
@@ -81,7 +81,7 @@ def get_task(domain: str, task_id: str, split: str | None = None) -> "Task":
         raise TaskLookupError(f"unknown task id {task_id!r} in {domain}/{split}; valid ids: {shown}") from None
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _split_hash(domain: str, split: str) -> str:
     return task_set_hash({domain: load_tasks(domain, split)})
 

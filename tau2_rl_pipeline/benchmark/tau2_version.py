@@ -92,7 +92,7 @@ class RetrievalVariantError(ValueError):
     """A retrieval variant that is unknown or cannot run here (a key, a binary or a package missing): one line."""
 
 
-def env_kwargs(domain: str, task: "Task | None", variant: str) -> dict[str, Any]:
+def env_kwargs(domain: str, task: Task | None, variant: str) -> dict[str, Any]:
     """tau2's environment-constructor arguments for `domain` on `task`: {} except for banking_knowledge, where they
     are what tau2 1.0.1's runner passes both to the episode's environment and to its evaluator
     (`tau2.runner.build._build_env_kwargs`: the retrieval variant, the task for golden_retrieval's prompt, and the
@@ -209,7 +209,7 @@ def judge_default_model() -> str | None:
     return DEFAULT_LLM_NL_ASSERTIONS
 
 
-def needs_judge(task: "Task") -> bool:
+def needs_judge(task: Task) -> bool:
     """Whether tau2 calls its LLM judge on this task: NL_ASSERTION in the reward basis and assertions to judge
     (1.0.1 retail test: 39 tasks have the basis, 11 have assertions; the others score that part 1.0 unjudged)."""
     criteria = task.evaluation_criteria
@@ -236,7 +236,7 @@ class BenchmarkMismatch(ValueError):
     """Results of one tau2 version / task set would be mixed with another's; the message says which differ."""
 
 
-def task_set_hash(tasks: Mapping[str, Sequence["Task"]]) -> str:
+def task_set_hash(tasks: Mapping[str, Sequence[Task]]) -> str:
     """sha256 (first 16 hex) of the tasks by domain, as tau2 parsed them: 26.3's and 1.0.1's fixed tasks differ."""
     body = {d: [_without_timestamps(t.model_dump(mode="json")) for t in ts] for d, ts in sorted(tasks.items())}
     return hashlib.sha256(json.dumps(body, sort_keys=True, default=_stable).encode()).hexdigest()[:16]
@@ -258,7 +258,7 @@ def _stable(value: Any) -> Any:
     return str(value)
 
 
-def benchmark_id(tasks: Mapping[str, Sequence["Task"]],
+def benchmark_id(tasks: Mapping[str, Sequence[Task]],
                  retrieval_variant: str = DEFAULT_RETRIEVAL_VARIANT) -> dict[str, str]:
     """The tau2 version and task-set hash; with banking_knowledge among the tasks, also its retrieval variant (the
     agent's tools and prompt: runs with two variants are not comparable)."""

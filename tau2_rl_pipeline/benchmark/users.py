@@ -17,7 +17,7 @@
 from __future__ import annotations
 
 import os
-from typing import Callable, Optional
+from collections.abc import Callable
 
 from tau2.data_model.message import Message, ToolCall, UserMessage
 from tau2.data_model.tasks import Task
@@ -66,7 +66,7 @@ class ScriptedUser(BaseUser):
                         for f in scenario_facts(task, str(task.user_scenario))}
         self.history = 0
 
-    def get_init_state(self, message_history: Optional[list[Message]] = None) -> UserState:
+    def get_init_state(self, message_history: list[Message] | None = None) -> UserState:
         self.history = len(message_history or [])  # a task's earlier conversation: the user has not spoken yet here
         return UserState(system_messages=[], messages=list(message_history or []))
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from tau2_rl_pipeline.eval.submission import add_submission_args
 from tau2_rl_pipeline.benchmark.users import USER_KINDS
 from tau2_rl_pipeline.config import add_config_args, command_parser
+from tau2_rl_pipeline.eval.submission import add_submission_args
 
 DESCRIPTION = "Pass@K evaluator: each (task, sample) is a tau2 episode, run concurrently, saved when done."
 

@@ -12,8 +12,6 @@ from the scenario; answering in Spanish.
 
 from __future__ import annotations
 
-from typing import Optional
-
 from tau2.data_model.message import Message, ToolCall, UserMessage
 from tau2.data_model.tasks import Task
 from tau2.user.user_simulator import SYSTEM_PROMPT, get_global_user_sim_guidelines
@@ -41,7 +39,7 @@ class CannedUser(BaseUser):
         self.user_actions = [a for a in (criteria.actions or []) if a.requestor == "user"] if criteria else []
         self.turn = 0
 
-    def get_init_state(self, message_history: Optional[list[Message]] = None) -> UserState:
+    def get_init_state(self, message_history: list[Message] | None = None) -> UserState:
         return UserState(system_messages=[], messages=list(message_history or []))
 
     @classmethod

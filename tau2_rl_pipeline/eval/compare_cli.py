@@ -22,9 +22,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from tau2_rl_pipeline.config import CommandParser, HelpFormatter
 from tau2_rl_pipeline.eval.compare import NotComparable, compare_runs, verdict_lines
 from tau2_rl_pipeline.eval.episodes_file import EpisodesFileError, atomic_write_text, read_episodes
-from tau2_rl_pipeline.config import CommandParser, HelpFormatter
 from tau2_rl_pipeline.files import unwritable_reason
 
 SUMMARY_FORMAT = "tau2_rl_pipeline.eval_passk/1"

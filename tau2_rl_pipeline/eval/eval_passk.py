@@ -28,6 +28,10 @@ from typing import Any
 from rich.console import Console
 
 import tau2_rl_pipeline  # noqa: F401  (offline litellm and quiet tau2 logging before tau2 loads)
+from tau2_rl_pipeline.benchmark import judge
+from tau2_rl_pipeline.benchmark.tasks import TaskLookupError
+from tau2_rl_pipeline.benchmark.users import UserConfigError
+from tau2_rl_pipeline.config import ConfigError, Tau2Config
 from tau2_rl_pipeline.eval import backends
 from tau2_rl_pipeline.eval.args import build_parser
 from tau2_rl_pipeline.eval.backends import SetupError
@@ -39,10 +43,6 @@ from tau2_rl_pipeline.eval.runner import run_episodes, run_episodes_on_sglang
 from tau2_rl_pipeline.eval.shards import ShardError, run_sharded
 from tau2_rl_pipeline.eval.submission import SubmissionError
 from tau2_rl_pipeline.eval.summary import finish, remove_stale
-from tau2_rl_pipeline.benchmark import judge
-from tau2_rl_pipeline.benchmark.tasks import TaskLookupError
-from tau2_rl_pipeline.benchmark.users import UserConfigError
-from tau2_rl_pipeline.config import ConfigError, Tau2Config
 from tau2_rl_pipeline.rollout.engines import SamplingParams
 from tau2_rl_pipeline.rollout.gc_policy import settled
 

@@ -11,17 +11,17 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from tau2_rl_pipeline.benchmark import judge
+from tau2_rl_pipeline.benchmark.tasks import TaskLookupError, check_split, load_tasks
+from tau2_rl_pipeline.benchmark.tau2_version import VERSION, benchmark_id, check_retrieval_variant, needs_judge
+from tau2_rl_pipeline.benchmark.users import llm_user_args, make_user_factory, user_client_kind
+from tau2_rl_pipeline.config import Tau2Config, config_from_args
 from tau2_rl_pipeline.eval import backends
 from tau2_rl_pipeline.eval.args import csv_list, default_output
 from tau2_rl_pipeline.eval.backends import SetupError
 from tau2_rl_pipeline.eval.compare import USER_TRANSPORT_ARGS
 from tau2_rl_pipeline.eval.episodes_file import Key
 from tau2_rl_pipeline.eval.submission import check_submittable
-from tau2_rl_pipeline.benchmark import judge
-from tau2_rl_pipeline.benchmark.tasks import TaskLookupError, check_split, load_tasks
-from tau2_rl_pipeline.benchmark.tau2_version import VERSION, benchmark_id, check_retrieval_variant, needs_judge
-from tau2_rl_pipeline.benchmark.users import llm_user_args, make_user_factory, user_client_kind
-from tau2_rl_pipeline.config import Tau2Config, config_from_args
 from tau2_rl_pipeline.rollout.engines import SamplingParams
 
 

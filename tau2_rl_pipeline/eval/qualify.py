@@ -31,25 +31,25 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import tau2_rl_pipeline  # noqa: F401  (offline litellm and quiet tau2 logging before tau2 loads)
 from tau2.utils.utils import get_now
 
+import tau2_rl_pipeline  # noqa: F401  (offline litellm and quiet tau2 logging before tau2 loads)
+from tau2_rl_pipeline.benchmark import judge
+from tau2_rl_pipeline.benchmark.episode import Episode, UserSideError, build_environment
+from tau2_rl_pipeline.benchmark.oracle import gold_actions, replay_gold_actions
+from tau2_rl_pipeline.benchmark.oracle_play import CAUSES, aplay, episode_causes, last_user_text, play
+from tau2_rl_pipeline.benchmark.scenario import scenario_of
+from tau2_rl_pipeline.benchmark.tasks import TaskLookupError
+from tau2_rl_pipeline.benchmark.tau2_version import benchmark_id, needs_judge
+from tau2_rl_pipeline.benchmark.user_monitors import user_monitors
+from tau2_rl_pipeline.benchmark.users import USER_KINDS, UserConfigError, make_user_factory
+from tau2_rl_pipeline.config import ConfigError, add_config_args, command_parser, config_from_args
 from tau2_rl_pipeline.eval.args import csv_list
 from tau2_rl_pipeline.eval.episodes_file import EpisodesFile, atomic_write_text, read_episodes, secret_values
 from tau2_rl_pipeline.eval.plan import make_plan, output_paths
 from tau2_rl_pipeline.eval.qualify_gate import FORMAT, QualificationError, check, run_scope, user_settings
 from tau2_rl_pipeline.eval.runner import episode_seed
 from tau2_rl_pipeline.eval.tau2_results import results_info, results_json, tau2_results
-from tau2_rl_pipeline.benchmark import judge
-from tau2_rl_pipeline.benchmark.episode import Episode, UserSideError, build_environment
-from tau2_rl_pipeline.benchmark.oracle import gold_actions, replay_gold_actions
-from tau2_rl_pipeline.benchmark.oracle_play import CAUSES, aplay, episode_causes, last_user_text, play
-from tau2_rl_pipeline.benchmark.scenario import scenario_of
-from tau2_rl_pipeline.benchmark.user_monitors import user_monitors
-from tau2_rl_pipeline.benchmark.tasks import TaskLookupError
-from tau2_rl_pipeline.benchmark.tau2_version import benchmark_id, needs_judge
-from tau2_rl_pipeline.benchmark.users import USER_KINDS, UserConfigError, make_user_factory
-from tau2_rl_pipeline.config import ConfigError, add_config_args, command_parser, config_from_args
 from tau2_rl_pipeline.files import unwritable_reason
 from tau2_rl_pipeline.http_post import first_unreachable
 from tau2_rl_pipeline.metrics import bootstrap_ci, is_success

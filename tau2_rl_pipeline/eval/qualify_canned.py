@@ -18,10 +18,10 @@ from tau2_rl_pipeline.benchmark.tasks import TaskLookupError
 from tau2_rl_pipeline.benchmark.users import ScriptedUser
 from tau2_rl_pipeline.config import Tau2Config
 from tau2_rl_pipeline.eval.args import csv_list
+from tau2_rl_pipeline.eval.canned_users import CANNED_USERS
 from tau2_rl_pipeline.eval.plan import make_plan
 from tau2_rl_pipeline.eval.qualify import failing_tasks, qualification, replay_faults, run_oracle
 from tau2_rl_pipeline.metrics import is_success
-from tau2_rl_pipeline.eval.canned_users import CANNED_USERS
 
 USERS = {"scripted": ScriptedUser, **CANNED_USERS}
 

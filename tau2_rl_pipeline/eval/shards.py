@@ -37,8 +37,8 @@ def split(pending: Sequence[Any], concurrency: int, procs: int) -> list[tuple[li
 def _shard(index: int, episodes: list, sglang_url: str, tokenizer: Any, user_kind: str, cfg: Tau2Config,
            sampling: SamplingParams, seed: int, concurrency: int, out: Any) -> None:
     """One rollout process: its episodes through `run_episodes`, each record onto `out`, then ("done", error)."""
-    from tau2_rl_pipeline.eval.runner import run_episodes_on_sglang
     from tau2_rl_pipeline.benchmark.users import make_user_factory
+    from tau2_rl_pipeline.eval.runner import run_episodes_on_sglang
 
     settle()  # a rollout process of its own (tau2_rl_pipeline/rollout/gc_policy.py)
     try:

@@ -12,12 +12,12 @@ from typing import Any
 
 from rich.console import Console
 
-from tau2_rl_pipeline.eval.episodes_file import EpisodesFile, Key, atomic_write_text, pick_records
-from tau2_rl_pipeline.eval.plan import Plan
-from tau2_rl_pipeline.eval.submission import submit
 from tau2_rl_pipeline.benchmark import judge
 from tau2_rl_pipeline.benchmark.monitors import batch_monitors
 from tau2_rl_pipeline.benchmark.user_monitors import batch_user_monitors
+from tau2_rl_pipeline.eval.episodes_file import EpisodesFile, Key, atomic_write_text, pick_records
+from tau2_rl_pipeline.eval.plan import Plan
+from tau2_rl_pipeline.eval.submission import submit
 from tau2_rl_pipeline.metrics import is_success
 
 BOOTSTRAP_SEED = 0  # fixed, so the same episodes always give the same CIs (a resumed run included)

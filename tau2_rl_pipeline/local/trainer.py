@@ -40,10 +40,10 @@ from tau2_rl_pipeline.learning.losses import (
     REDUCTIONS,
     gather_logprobs,
     grpo_loss,
-    step_tokens,
     local_awsft_loss,
     merge_metrics,
     sft_loss,
+    step_tokens,
 )
 from tau2_rl_pipeline.local.examples import Batch, TrainExample, collate
 from tau2_rl_pipeline.local.train_log import MetricsSink, progress

@@ -81,7 +81,7 @@ def episode_threads(workers: int, fast_env: bool, blocking_user: bool, domains: 
     return 0 if quick and not blocking_user else AUTO_WORKERS
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def shared_executor(workers: int) -> Executor | None:
     """Threads for blocking episode work; sized for I/O-bound user-simulator calls, not for CPU count.
     None for 0 workers: the work runs on the event loop (`off_loop`)."""

@@ -106,8 +106,8 @@ class NothingLeftError(ValueError):
 def main(argv: Sequence[str] | None = None) -> int:
     import json
 
-    from tau2_rl_pipeline.eval.episodes_file import EpisodesFileError, read_episodes
     from tau2_rl_pipeline.benchmark.tasks import write_jsonl
+    from tau2_rl_pipeline.eval.episodes_file import EpisodesFileError, read_episodes
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--episodes", type=Path, required=True, help="the RFT stage's evaluator episode file")

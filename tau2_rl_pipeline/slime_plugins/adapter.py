@@ -26,9 +26,9 @@ from tau2_rl_pipeline.benchmark import judge
 from tau2_rl_pipeline.benchmark.episode import build_environment
 from tau2_rl_pipeline.benchmark.monitors import monitors
 from tau2_rl_pipeline.benchmark.scenario import scenario_of
-from tau2_rl_pipeline.benchmark.user_monitors import user_monitors
 from tau2_rl_pipeline.benchmark.tasks import get_task, split_benchmark
 from tau2_rl_pipeline.benchmark.tau2_version import BenchmarkMismatch, check_same_benchmark
+from tau2_rl_pipeline.benchmark.user_monitors import user_monitors
 from tau2_rl_pipeline.benchmark.users import make_user_factory
 from tau2_rl_pipeline.config import Tau2Config
 from tau2_rl_pipeline.learning.curriculum import CurriculumTracker, state_path
@@ -76,26 +76,26 @@ def _slime() -> SimpleNamespace:
                            fully_async_coroutine=fully_async_rollout._generate_rollout_async)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _config() -> Tau2Config:
     return Tau2Config.from_env()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _tokenizer(path: str):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(path)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _settle_gc() -> None:
     """TAU2_SLIME_GC_POLICY=1: at the first episode, what slime, torch and tau2 have loaded lives as long as the
     process (rollout/gc_policy.py: why, the numbers, and the cost). Off by default: the actor is slime's."""
     settle()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _engine(ip: str, port: int, concurrency: int, max_retries: int, timeout_s: float) -> SGLangEngine:
     return SGLangEngine.from_router(ip, port, max_in_flight=concurrency, max_retries=max_retries,
                                     timeout_s=timeout_s)
@@ -107,7 +107,7 @@ def in_flight_cap(args) -> int:
     return int(args.sglang_server_concurrency) * max(1, _slime().get_rollout_num_engines(args))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _storm_guard(window: int, fraction: float, patience: int) -> AbortStormGuard:
     return AbortStormGuard(window, fraction, patience)
 
@@ -118,7 +118,7 @@ def storm_guard(args, cfg: Tau2Config) -> AbortStormGuard:
     return _storm_guard(window, cfg.abort_storm_fraction, cfg.abort_storm_patience)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _live_episodes(capacity: int) -> LiveEpisodes:
     return LiveEpisodes(capacity)
 
@@ -138,12 +138,12 @@ def resumes_episodes(args, cfg: Tau2Config, evaluation: bool) -> bool:
     return bool(getattr(args, "partial_rollout", False)) and cfg.partial_resume and not evaluation
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _judge(cfg: Tau2Config) -> JudgeClient:
     return JudgeClient(cfg)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _user_factory(cfg: Tau2Config):
     return make_user_factory("llm", cfg)
 
@@ -338,7 +338,7 @@ def generate_rollout_fully_async(args, rollout_id: int, data_buffer, evaluation:
     return slime.RolloutFnTrainOutput(samples=groups, metrics=bound_rollout(groups, trained, cfg.max_staleness))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _admission_gate(source, batch_groups: int, max_staleness: int, lag: int, interval: int) -> AdmissionGate:
     return AdmissionGate(source, batch_groups, max_staleness, lag, interval)
 

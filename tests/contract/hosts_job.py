@@ -36,10 +36,10 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
-import parse_argv  # (these three: slime, Megatron-LM and the SGLang double on sys.path by contract_tier)
-from contract_tier import SGLANG_DOUBLE
-from megatron_save import torch_dist_files
-from parse_argv import parse_slime
+import parse_argv  # noqa: E402 (these three: slime, Megatron-LM and the SGLang double on sys.path by contract_tier)
+from contract_tier import SGLANG_DOUBLE  # noqa: E402
+from megatron_save import torch_dist_files  # noqa: E402
+from parse_argv import parse_slime  # noqa: E402
 
 WAIT_S = 600
 

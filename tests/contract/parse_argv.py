@@ -33,7 +33,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # tests/: contract_tier reads third_party.py there
 # contract_tier puts slime, Megatron and the SGLang double on sys.path
-from contract_tier import MISSING, SLIME_DIR
+from contract_tier import MISSING, SLIME_DIR  # noqa: E402
 
 _BUILT: list[argparse.ArgumentParser] = []
 _real_parse_known_args = argparse.ArgumentParser.parse_known_args

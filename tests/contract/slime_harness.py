@@ -24,7 +24,7 @@ FILTER = "tau2_rl_pipeline.slime_plugins.batch.filter_groups"
 LOG = "tau2_rl_pipeline.slime_plugins.rollout_log.log_rollout_data"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _parse(argv: tuple[str, ...]):
     from slime.utils.arguments import parse_args
 

@@ -27,9 +27,8 @@ import pytest
 from contract_tier import MEGATRON_DIR, SLIME_DIR
 from megatron_save import torch_dist_files
 from slime_harness import prompt_rows
-from test_scripts import ROOT, Result
-
 from support import hosts as hosts_mod
+from test_scripts import ROOT, Result
 
 # The tier (this module and test_hosts_faults.py) brings up Ray clusters of 2 and 4 separate hosts and runs slime's
 # job on them, then seven runs of train_grpo.sh that each meet a fault: 15-35 minutes on 2 cores, more than the test

@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from support import hosts as hosts_mod
 from test_hosts_cluster import (
     SYSTEM_PATH,
     USER_SIM_PORT,
@@ -42,8 +43,6 @@ from test_hosts_cluster import (
     start_user_sim,
 )
 from test_scripts import ROOT
-
-from support import hosts as hosts_mod
 
 pytestmark = [pytest.mark.skipif(WHY_NOT is not None, reason=f"namespaced hosts tier skipped: {WHY_NOT}"),
               pytest.mark.timeout(3600)]

@@ -21,11 +21,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from support.loopback_server import LoopbackServer
 from test_scripts import ROOT, run_script
 
 from tau2_rl_pipeline.benchmark.user_client import chat_client, parse_chat_response
 from tau2_rl_pipeline.rollout.engines import SamplingParams, SGLangEngine, TransformersEngine
-from support.loopback_server import LoopbackServer
 
 
 def free_port() -> int:

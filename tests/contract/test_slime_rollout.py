@@ -12,12 +12,12 @@ import re
 
 import pytest
 from slime_harness import FILTER, LOG, flat, prompt_rows, reset_slime, rollout, slime_args, train_data
+from support.loopback_server import Fault, LoopbackServer
 
 from tau2_rl_pipeline.benchmark.actions import render_assistant_text
 from tau2_rl_pipeline.benchmark.tasks import load_tasks
 from tau2_rl_pipeline.rollout import gc_policy
 from tau2_rl_pipeline.slime_plugins.adapter import in_flight_cap
-from support.loopback_server import Fault, LoopbackServer
 
 STOP = "###STOP###"
 ASYNC_ROLLOUT = "tau2_rl_pipeline.slime_plugins.adapter.generate_rollout_fully_async"
