@@ -11,7 +11,16 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 OUT="${OUT:-outputs/gpu_check}"
 export OUT PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false LITELLM_LOCAL_MODEL_COST_MAP=True
 mkdir -p "${OUT}"
-PY="${PYTHON:-python3}"
+# The interpreter: PYTHON when set, else the project's venv (scripts/setup.sh makes it: TAU2_VENV, default .venv)
+# when it runs here, else python3 (the GPU image: torch and transformers installed, no venv).
+VENV="${TAU2_VENV:-.venv}"
+if [[ -n "${PYTHON:-}" ]]; then
+  PY="${PYTHON}"
+elif [[ -x "${VENV}/bin/python" ]] && "${VENV}/bin/python" -c '' 2>/dev/null; then
+  PY="${VENV}/bin/python"
+else
+  PY=python3
+fi
 if [[ "${1:-}" != "--cpu" && -d .wheelhouse ]] && compgen -G ".wheelhouse/*.whl" >/dev/null; then
   site="$(mktemp -d)"
   echo "gpu_check: installing $(ls .wheelhouse/*.whl | wc -l) wheels from .wheelhouse into ${site}"

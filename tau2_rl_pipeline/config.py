@@ -342,6 +342,55 @@ def _parse_tuple(name: str, raw: str) -> tuple[float, ...]:
     return _parse(name, raw, tuple[float, ...])
 
 
+@dataclass(frozen=True)
+class Bounded:
+    """An argparse `type=`: a number of `kind` within its bounds, or refused while the command line is parsed, before
+    anything starts, in one line that names the option (argparse's prefix) and the rule. Every numeric option of the
+    installed commands is one of these (tests/test_number_options.py holds them to it)."""
+
+    kind: type = int  # int or float
+    at_least: float | None = None
+    above: float | None = None
+    at_most: float | None = None
+    multiple_of: int | None = None
+    also: tuple[float, ...] = ()  # values allowed outside the bounds (e.g. -1 = off)
+    why: str = ""  # the reason for a rule that is not obvious, said with it
+
+    @property
+    def rule(self) -> str:
+        low = (f">= {self.at_least:g}" if self.at_least is not None else
+               f"> {self.above:g}" if self.above is not None else None)
+        parts = [p for p in (low, f"<= {self.at_most:g}" if self.at_most is not None else None) if p]
+        if self.multiple_of:
+            parts.append(f"a multiple of {self.multiple_of}")
+        noun = "a whole number" if self.kind is int else "a number"
+        text = f"{noun} {' and '.join(parts)}" if parts else noun
+        if self.also:
+            text = f"{' or '.join(f'{v:g}' for v in self.also)} or {text}"
+        return f"{text} ({self.why})" if self.why else text
+
+    def __call__(self, text: str) -> int | float:
+        try:
+            value = self.kind(text.strip())
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be {self.rule}, got {text!r}") from None
+        if value in self.also:
+            return value
+        if not (math.isfinite(value)
+                and (self.at_least is None or value >= self.at_least)
+                and (self.above is None or value > self.above)
+                and (self.at_most is None or value <= self.at_most)
+                and (not self.multiple_of or value % self.multiple_of == 0)):
+            raise argparse.ArgumentTypeError(f"must be {self.rule}, got {text!r}")
+        return value
+
+
+COUNT = Bounded(int, at_least=1)  # how many of something: at least one
+SEED = Bounded(int, at_least=0)
+TEMPERATURE = Bounded(float, at_least=0.0, why="0 = greedy")
+LEARNING_RATE = Bounded(float, above=0.0)
+
+
 def config_help() -> str:
     """Every config flag with its variable, default and meaning (what --help-config prints)."""
     lines = ["tau2 config: each flag overrides its TAU2_* variable (configs/.env.template), which overrides the default"]
@@ -385,6 +434,10 @@ class CommandParser(argparse.ArgumentParser):
         self.reads_config = False  # add_config_args sets it: --help-config lists the settings, else says there are none
         self.add_argument("--help-all", action=_HelpAll)
         self.add_argument("--help-config", action=_HelpConfig)
+
+    def error(self, message: str) -> typing.NoReturn:
+        """A bad command line in one line (argparse's usage block left out: --help has it)."""
+        self.exit(2, f"{self.prog}: error: {message}\n")
 
     def add_argument_group(self, *args: Any, more: bool = False, **kwargs: Any) -> argparse._ArgumentGroup:
         group = super().add_argument_group(*args, **kwargs)
@@ -463,6 +516,9 @@ def add_config_args(parser: argparse.ArgumentParser) -> None:
             parser.add_argument(flag, dest=f.name, default=None,
                                 type=functools.partial(_parse_tuple, env_var(f.name)),
                                 help=argparse.SUPPRESS)
+        elif typ in (int, float):  # the field's own bounds, so that a bad flag is refused as it is parsed
+            parser.add_argument(flag, dest=f.name, default=None, help=argparse.SUPPRESS, type=Bounded(
+                typ, at_least=f.metadata.get("min"), at_most=f.metadata.get("max")))
         else:
             parser.add_argument(flag, dest=f.name, default=None, type=typ, help=argparse.SUPPRESS)
 

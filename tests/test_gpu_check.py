@@ -20,9 +20,22 @@ from third_party import third_party_path  # noqa: E402
 from tau2_rl_pipeline.scale.sizing import Model, model_args_from_file  # noqa: E402
 
 
+def plain_shell_env(**extra: str) -> dict[str, str]:
+    """A shell as a new user opens one: no venv on PATH or activated (python3 there has no torch). The project's
+    venv is the one this test runs in: .venv in the checkout, as bench/README.md's command finds it, else named by
+    TAU2_VENV; PYTHONPATH is kept (a worktree's tests put their own package first)."""
+    env = {"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/root"), "LANG": "C.UTF-8", **extra}
+    if Path(sys.prefix).resolve() != (ROOT / ".venv").resolve():
+        env["TAU2_VENV"] = sys.prefix
+    if os.environ.get("PYTHONPATH"):
+        env["PYTHONPATH"] = os.environ["PYTHONPATH"]
+    return env
+
+
 def test_cpu_mode_runs_every_part_and_writes_its_results(tmp_path):
+    """As bench/README.md says to run it, from a plain shell: the script finds the project's venv itself."""
     proc = subprocess.run(["bash", "bench/gpu_check.sh", "--cpu"], cwd=ROOT, capture_output=True, text=True,
-                          env={**os.environ, "OUT": str(tmp_path)}, timeout=1800)
+                          env=plain_shell_env(OUT=str(tmp_path)), timeout=1800)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     results = json.loads((tmp_path / "gpu_check.json").read_text())
     assert results["mode"] == "cpu" and results["command"] == "bash bench/gpu_check.sh --cpu"
@@ -41,7 +54,7 @@ def test_gpu_mode_without_cuda_says_so_in_one_line(tmp_path):
     if torch.cuda.is_available():
         pytest.skip("a CUDA device is here")
     proc = subprocess.run(["bash", "bench/gpu_check.sh"], cwd=ROOT, capture_output=True, text=True,
-                          env={**os.environ, "OUT": str(tmp_path)}, timeout=300)
+                          env=plain_shell_env(OUT=str(tmp_path)), timeout=300)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1].startswith("gpu_check: no CUDA device here")
 

@@ -152,8 +152,7 @@ def test_the_grpo_gate_and_one_line_errors(tmp_path: Path, capsys, monkeypatch) 
                         (["--check", str(tmp_path / "llm.json"), "--domains", "mock,airline", "--task-split", "base"],
                          "this run trains on airline (base split)"),
                         (["--check", str(tmp_path / "none.json")], "not a user-simulator qualification"),
-                        (["--domains", "nope", "--user", "scripted"], "nope"),
-                        (["--max-failure-rate", "2"], "--max-failure-rate must be in [0, 1]")):
+                        (["--domains", "nope", "--user", "scripted"], "nope")):
         code = main(argv)
         err = capsys.readouterr().err.strip()
         assert code in (1, 2) and err.startswith("error: ") and "\n" not in err and words in err, err

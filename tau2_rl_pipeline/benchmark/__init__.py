@@ -6,3 +6,6 @@ environments (fast_env), the user side (users, user_client, user_strategies), th
 gold-action replays (oracle), and the agent's interface to tau2: parsing a completion into an action (actions)
 and the prompt and tool schemas it sees (prompting). Imports only the ground (config, metrics, files, http_post).
 """
+
+# Who plays the user (users.py makes each): here, so that a command lists them in its --help without loading tau2.
+USER_KINDS = ("llm", "scripted")

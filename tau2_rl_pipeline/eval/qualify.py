@@ -28,7 +28,6 @@ import sys
 import time
 from collections import defaultdict
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from tau2.utils.utils import get_now
@@ -42,11 +41,12 @@ from tau2_rl_pipeline.benchmark.scenario import scenario_of
 from tau2_rl_pipeline.benchmark.tasks import TaskLookupError
 from tau2_rl_pipeline.benchmark.tau2_version import benchmark_id, needs_judge
 from tau2_rl_pipeline.benchmark.user_monitors import user_monitors
-from tau2_rl_pipeline.benchmark.users import USER_KINDS, UserConfigError, make_user_factory
-from tau2_rl_pipeline.config import ConfigError, add_config_args, command_parser, config_from_args
+from tau2_rl_pipeline.benchmark.users import UserConfigError, make_user_factory
+from tau2_rl_pipeline.config import ConfigError, config_from_args
 from tau2_rl_pipeline.eval.args import csv_list
 from tau2_rl_pipeline.eval.episodes_file import EpisodesFile, atomic_write_text, read_episodes, secret_values
 from tau2_rl_pipeline.eval.plan import make_plan, output_paths
+from tau2_rl_pipeline.eval.qualify_cli import main  # noqa: F401  (python -m runs it; its parser is light)
 from tau2_rl_pipeline.eval.qualify_gate import FORMAT, QualificationError, check, run_scope, user_settings
 from tau2_rl_pipeline.eval.runner import episode_seed
 from tau2_rl_pipeline.eval.tau2_results import results_info, results_json, tau2_results
@@ -208,45 +208,14 @@ def replay_faults(plan_tasks: dict[str, list[Any]], failing: set[tuple[str, str]
 # ---------------------------------------------------------------------------------------------------
 # Command line
 
-def build_parser() -> argparse.ArgumentParser:
-    p = command_parser("tau2-rl-qualify-user", __doc__.split("\n\n")[0].split(": ", 1)[1],
-                       epilog="QUALIFIED when the failure rate (task faults apart) is at most --max-failure-rate; "
-                              "exit 0 qualified, 1 not, 2 bad setup.")
-    p.add_argument("--user", choices=USER_KINDS, default="llm",
-                   help="llm = tau2's user simulator as TAU2_USER_* configure it; scripted = the offline user")
-    p.add_argument("--domains", default="airline,retail,telecom", help="comma-separated tau2 domains")
-    p.add_argument("--task-split", default="test", help="split of every domain ('base' only: mock)")
-    p.add_argument("--task-ids", default=None, help="comma-separated task ids (default: all)")
-    p.add_argument("--num-samples", type=int, default=1, help="oracle episodes per task")
-    p.add_argument("--seed", type=int, default=300, help="run seed (each episode's user seed derives from it)")
-    p.add_argument("--concurrency", type=int, default=16, help="episodes in flight at once")
-    p.add_argument("--max-failure-rate", type=float, default=0.05, help="the verdict's bound (task faults apart)")
-    p.add_argument("--against", type=Path, action="append", default=[], metavar="OTHER.json",
-                   help="another simulator's qualification: a task is a task fault only if it fails there too")
-    p.add_argument("--output", type=Path, default=Path("outputs/qualify/user.json"), help="summary JSON path")
-    g = p.add_argument_group("the GRPO gate (scripts/train_grpo.sh runs it)", more=True)
-    g.add_argument("--check", type=Path, default=None, metavar="SUMMARY.json",
-                   help="only check that a finished qualification covers this run (TAU2_USER_* settings, tau2 "
-                        "version, --run-tasks' domains and splits, else --domains x --task-split) within "
-                        "--max-failure-rate (eval/qualify_gate.py)")
-    g.add_argument("--run-tasks", type=Path, default=None, metavar="TASKS.jsonl",
-                   help="with --check: the GRPO task index whose domains and splits the qualification must cover")
-    add_config_args(p)
-    return p
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def run(args: argparse.Namespace) -> int:
+    """The qualification (or, with --check, the gate) the parsed command line asks for (qualify_cli.py parses it)."""
     try:
         cfg = config_from_args(args)
-        if not 0.0 <= args.max_failure_rate <= 1.0:
-            raise ValueError(f"--max-failure-rate must be in [0, 1], got {args.max_failure_rate}")
         if args.check is not None:
             scope = run_scope(args.run_tasks, csv_list(args.domains), args.task_split)
             print(check(args.check, args.max_failure_rate, cfg, scope))
             return 0
-        if args.concurrency < 1:
-            raise ValueError(f"--concurrency must be >= 1, got {args.concurrency}")
         problem = unwritable_reason(args.output)
         if problem:
             raise ValueError(f"--output {args.output}: {problem}")

@@ -39,7 +39,18 @@ from tau2_rl_pipeline.benchmark.tau2_version import (
     check_retrieval_variant,
     needs_judge,
 )
-from tau2_rl_pipeline.config import ConfigError, Tau2Config, add_config_args, command_parser, config_from_args
+from tau2_rl_pipeline.config import (
+    COUNT,
+    LEARNING_RATE,
+    SEED,
+    TEMPERATURE,
+    Bounded,
+    ConfigError,
+    Tau2Config,
+    add_config_args,
+    command_parser,
+    config_from_args,
+)
 from tau2_rl_pipeline.files import atomic_write_bytes
 from tau2_rl_pipeline.local.demo_report import (
     ALGORITHMS,
@@ -53,6 +64,7 @@ from tau2_rl_pipeline.local.demo_report import (
 )
 from tau2_rl_pipeline.local.interrupt import answer_ctrl_c
 from tau2_rl_pipeline.local.stage_book import SKIP, StageBook, StaleOutputError
+from tau2_rl_pipeline.local.tiny_model import MIN_VOCAB_SIZE
 
 if TYPE_CHECKING:
     from tau2_rl_pipeline.local.trainer import TrainConfig
@@ -65,6 +77,10 @@ NOT_OUTCOME = {"episode_workers", "fast_env", "user_model", "user_api_base", "us
                "slime_gc_policy"}
 # Config fields only the policy stage reads (its task band, the judge reward): they redo it, not RFT or evaluations.
 POLICY_ONLY = {"grpo_min_pass_rate", "grpo_max_pass_rate", "use_judge", "judge_weight", "loss_reduction"}
+NUM_HEADS = 4  # the tiny model's attention heads (2 key-value heads)
+# Its width: NUM_HEADS heads of an even size (rotary embeddings rotate pairs of dimensions).
+HIDDEN_SIZE = Bounded(int, at_least=2 * NUM_HEADS, multiple_of=2 * NUM_HEADS, why=f"{NUM_HEADS} heads of an even size")
+COEFFICIENT = Bounded(float, at_least=0.0)
 console = Console(stderr=True)
 
 
@@ -95,7 +111,7 @@ def prepare_model(args, out: Path) -> Path:
     else:
         tokenizer = train_small_tokenizer(domain_corpus([args.domain]), out / "tokenizer", vocab_size=args.vocab_size)
     return build_tiny_qwen3(out / "base", tokenizer, hidden_size=args.hidden_size, num_layers=args.num_layers,
-                            num_heads=4, num_kv_heads=2, intermediate_size=args.hidden_size * 3, seed=args.seed)
+                            num_heads=NUM_HEADS, num_kv_heads=2, intermediate_size=args.hidden_size * 3, seed=args.seed)
 
 
 def train_config(args, out: Path, lr: float, epochs: int = 1) -> TrainConfig:
@@ -199,34 +215,35 @@ def build_parser() -> argparse.ArgumentParser:
                    help="output folder (default: outputs/demo for mock, outputs/demo-<domain> otherwise)")
     p.add_argument("--model", default=None, help="starting HF model directory (default: build a tiny Qwen3)")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=SEED, default=0)
     g = p.add_argument_group("tiny model", more=True)
     g.add_argument("--tokenizer", default=None, help="tokenizer for the tiny model (default: train one locally)")
-    g.add_argument("--hidden-size", type=int, default=128)
-    g.add_argument("--num-layers", type=int, default=2)
-    g.add_argument("--vocab-size", type=int, default=1024)
+    g.add_argument("--hidden-size", type=HIDDEN_SIZE, default=128)
+    g.add_argument("--num-layers", type=COUNT, default=2)
+    g.add_argument("--vocab-size", type=Bounded(int, at_least=MIN_VOCAB_SIZE, why="256 byte tokens and the Qwen3 markers"),
+                   default=1024)
     g = p.add_argument_group("episodes", more=True)
-    g.add_argument("--max-new-tokens", type=int, default=96, help="per policy turn")
-    g.add_argument("--eval-samples", type=int, default=4, help="episodes per task at evaluation (k <= this)")
-    g.add_argument("--eval-temperature", type=float, default=0.7)
+    g.add_argument("--max-new-tokens", type=COUNT, default=96, help="per policy turn")
+    g.add_argument("--eval-samples", type=COUNT, default=4, help="episodes per task at evaluation (k <= this)")
+    g.add_argument("--eval-temperature", type=TEMPERATURE, default=0.7)
     g = p.add_argument_group("SFT and RFT", more=True)
-    g.add_argument("--sft-epochs", type=int, default=40)
-    g.add_argument("--sft-lr", type=float, default=3e-3)
-    g.add_argument("--micro-batch-size", type=int, default=4)
-    g.add_argument("--rft-samples", type=int, default=4, help="episodes per training task sampled for RFT")
-    g.add_argument("--rft-temperature", type=float, default=0.8)
-    g.add_argument("--rft-epochs", type=int, default=10)
-    g.add_argument("--rft-lr", type=float, default=1e-3)
+    g.add_argument("--sft-epochs", type=COUNT, default=40)
+    g.add_argument("--sft-lr", type=LEARNING_RATE, default=3e-3)
+    g.add_argument("--micro-batch-size", type=COUNT, default=4)
+    g.add_argument("--rft-samples", type=COUNT, default=4, help="episodes per training task sampled for RFT")
+    g.add_argument("--rft-temperature", type=TEMPERATURE, default=0.8)
+    g.add_argument("--rft-epochs", type=COUNT, default=10)
+    g.add_argument("--rft-lr", type=LEARNING_RATE, default=1e-3)
     p.add_argument("--algorithm", default="grpo", type=_algorithms, metavar="NAMES",
                    help="the policy stage: grpo, awsft (advantage-weighted SFT), or both: grpo,awsft")
     g = p.add_argument_group("GRPO / AWSFT: the policy stage", more=True)
-    g.add_argument("--grpo-steps", type=int, default=6)
-    g.add_argument("--grpo-tasks-per-step", type=int, default=3)
-    g.add_argument("--grpo-n", type=int, default=8, help="samples per task (the GRPO group)")
-    g.add_argument("--grpo-lr", type=float, default=1e-4)
-    g.add_argument("--grpo-temperature", type=float, default=1.0)
-    g.add_argument("--kl-coef", type=float, default=0.01, help="low_var_kl to the starting checkpoint")
-    g.add_argument("--entropy-coef", type=float, default=0.001)
+    g.add_argument("--grpo-steps", type=COUNT, default=6)
+    g.add_argument("--grpo-tasks-per-step", type=COUNT, default=3)
+    g.add_argument("--grpo-n", type=Bounded(int, at_least=2, why="a group of one has no advantage"), default=8, help="samples per task (the GRPO group)")
+    g.add_argument("--grpo-lr", type=LEARNING_RATE, default=1e-4)
+    g.add_argument("--grpo-temperature", type=TEMPERATURE, default=1.0)
+    g.add_argument("--kl-coef", type=COEFFICIENT, default=0.01, help="low_var_kl to the starting checkpoint")
+    g.add_argument("--entropy-coef", type=COEFFICIENT, default=0.001)
     g.add_argument("--wandb-project", default=None, help="also log training to wandb (offline without a key)")
     add_config_args(p)
     return p

@@ -89,6 +89,7 @@ SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 # Qwen3 registers its tool markers as added but not "special" tokens: decoding with skip_special_tokens=True keeps
 # them, which a tool-call parser reading decoded text relies on. Ours follow suit.
 TOOL_TOKENS = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")
+MIN_VOCAB_SIZE = 256 + len(SPECIAL_TOKENS) + len(TOOL_TOKENS)  # the byte alphabet and the markers
 SPEC_FILE = "tiny_model_spec.json"  # what a model directory was built from; equal spec = reuse it
 DB_SNIPPET_CHARS = 20_000  # airline's DB is 3 MB of JSON: a slice teaches the tokenizer its ids and field names
 
@@ -101,9 +102,9 @@ def train_small_tokenizer(texts: Iterable[str], out_dir: str | Path, *, vocab_si
     from transformers import PreTrainedTokenizerFast
 
     merged_vocab = vocab_size - len(TOOL_TOKENS)
-    minimum = 256 + len(SPECIAL_TOKENS) + len(TOOL_TOKENS)
-    if vocab_size < minimum:
-        raise ValueError(f"vocab_size must be >= {minimum} (256 byte tokens + the Qwen3 markers), got {vocab_size}")
+    if vocab_size < MIN_VOCAB_SIZE:
+        raise ValueError(f"vocab_size must be >= {MIN_VOCAB_SIZE} (256 byte tokens + the Qwen3 markers), "
+                         f"got {vocab_size}")
     texts = [t for t in texts if t]
     if not texts:
         raise ValueError("no training texts for the tokenizer")
