@@ -2,7 +2,7 @@
 workload: trained tokens per second, the share of sampled tokens masked or thrown away, the finished samples never
 trained, and the staleness trained; each eta run several times, its ratio to the synchronous path of the same run.
 
-    .venv/bin/python bench/staleness.py                  # as reported: eta 0,1,2,4,-1 (unbounded), 6 steps, 3 runs
+    .venv/bin/python bench/staleness.py --groups 4 --samples 4   # as reported: eta 0,1,2,4,-1 (unbounded), 6 steps, 3 runs
     .venv/bin/python bench/staleness.py --etas 1,-1 --steps 3 --repeats 1 --json out.json
 
 What runs: bench/long_tail_async.py's setup (its prompt rows, turn draws, tail and model server process; the
