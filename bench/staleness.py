@@ -132,7 +132,7 @@ def finished_never_trained(source) -> int:
 
 COLUMNS = ("eta", "trained tokens / s (steps 2-n)", "vs eta 0", "sampled tokens of trained samples not trained",
            "of them masked by the bound", "max staleness trained (sampled)", "finished samples never trained",
-           "trained samples wholly masked", "walls of each step", "load at start-end")
+           "trained samples wholly masked", "requests served (vs eta 0)", "walls of each step", "load at start-end")
 
 
 def _eta(r: dict) -> str:
@@ -141,12 +141,13 @@ def _eta(r: dict) -> str:
 
 def table(results: list[dict], cfg: argparse.Namespace) -> str:
     """One run's table: each eta beside eta 0 of the same run."""
-    base = next((r["trained_tokens_per_s"] for r in results if r["eta"] == 0), None)
+    base = next((r for r in results if r["eta"] == 0), None)
     rows = [[_eta(r), f"{r['trained_tokens_per_s']:.1f}",
-             f"{r['trained_tokens_per_s'] / base:.2f}x" if base else "-",
+             f"{r['trained_tokens_per_s'] / base['trained_tokens_per_s']:.2f}x" if base else "-",
              f"{r['not_trained_share']:.1%} ({r['sampled'] - r['trained']} of {r['sampled']})",
              str(int(r["staleness_masked"])), f"{r['max_lag_trained']} ({r['max_lag_sampled']})",
              str(r["finished_never_trained"]), str(r["trained_with_nothing"]),
+             f"{r['requests_served']}" + (f" ({r['requests_served'] / base['requests_served']:.2f}x)" if base else ""),
              " ".join(f"{s['wall_s']:.1f}" for s in r["steps"]), "{:.1f}-{:.1f}".format(*r["load"])]
             for r in results]
     note = (long_tail.workload_note(cfg, f"{cfg.steps} steps (the first left out)")
