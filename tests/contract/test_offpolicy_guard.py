@@ -65,9 +65,8 @@ def test_guarded_or_on_policy_runs_go_on(slime_env, loopback, tiny_small_dir, tm
 
 @pytest.mark.parametrize("guards", [
     (),
-    ("--use-tis",),
     ("--partial-rollout", "--mask-offpolicy-in-partial-rollout", "--use-tis"),  # the stage script's guards
-], ids=["unguarded", "tis", "mask-and-tis"])
+], ids=["unguarded", "guarded"])
 def test_slime_own_fully_async_rollout_stops_the_run_in_one_line(slime_env, loopback, tiny_small_dir, tmp_path,
                                                                   guards):
     """Before, slime's worker logged each refusal, dropped the group and started another: 312 refusals and 156 groups
