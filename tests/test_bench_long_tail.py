@@ -95,17 +95,37 @@ def test_long_tail_async_bench_runs_and_resumes_what_the_weight_update_cuts(tmp_
 
 def test_staleness_bench_runs_and_keeps_each_bound(tmp_path):
     """bench/staleness.py (P12) at tiny sizes, nothing timed: eta = 0 (the synchronous path) trains only tokens of
-    the weights training them, eta = 1 none more than one version behind, and every row's books add up."""
+    the weights training them and leaves no finished sample behind, eta = 1 trains none more than one version
+    behind, every row's books add up, and the summary over the runs follows."""
     out = tmp_path / "staleness.json"
     proc = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "staleness.py"), "--groups", "2", "--samples", "2", "--steps", "3",
          "--latency", "0.05", "--tail-rate", "0.3", "--train-s", "0.5", "--max-turns", "8", "--etas", "0,1,-1",
-         "--json", str(out)], check=False, capture_output=True, text=True, timeout=300)
+         "--repeats", "1", "--json", str(out)], check=False, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    rows = {r["eta"]: r for r in json.loads(out.read_text())["results"]}
+    (results,) = json.loads(out.read_text())["runs"]
+    rows = {r["eta"]: r for r in results}
     assert list(rows) == [0, 1, -1]
     assert rows[0]["max_lag_trained"] == 0 and rows[1]["max_lag_trained"] <= 1
+    assert rows[0]["finished_never_trained"] == 0
     for r in rows.values():
         assert 0 < r["trained"] <= r["sampled"] and len(r["steps"]) == 3
         assert r["not_trained_share"] == pytest.approx(1 - r["trained"] / r["sampled"])
         assert r["max_lag_trained"] <= r["max_lag_sampled"]
+        assert r["finished_never_trained"] >= 0 and len(r["load"]) == 2
+    assert "over the 1 runs" in proc.stdout and "| unbounded | 1 |" in proc.stdout, proc.stdout
+
+
+def test_the_staleness_summary_takes_each_ratio_within_its_own_run():
+    """Median and range over runs of each eta's trained tokens/s over eta 0's of the same run (pure)."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    from staleness import summary
+
+    def run(sync: float, eta2: float, left: int, load: float) -> list[dict]:
+        books = {"not_trained_share": 0.0, "max_lag_trained": 0, "max_lag_sampled": 0, "load": [load, load]}
+        return [{**books, "eta": 0, "trained_tokens_per_s": sync, "finished_never_trained": 0},
+                {**books, "eta": 2, "trained_tokens_per_s": eta2, "finished_never_trained": left}]
+
+    text = summary([run(100, 150, 3, 4.0), run(200, 200, 5, 9.5), run(50, 100, 4, 6.0)])
+    assert "| 0 | 3 | 1.00x (1.00x-1.00x) | 100 (50-200) |" in text
+    assert "| 2 | 3 | 1.50x (1.00x-2.00x) | 150 (100-200) | 0% (0%-0%) | 3 5 4 | 0 (0) | 4.0-9.5 |" in text

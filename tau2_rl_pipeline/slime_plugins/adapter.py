@@ -50,7 +50,7 @@ from tau2_rl_pipeline.rollout.gc_policy import settle
 from tau2_rl_pipeline.rollout.offpolicy import mask_older_turns, versions_of
 from tau2_rl_pipeline.slime_plugins.awsft import is_awsft
 from tau2_rl_pipeline.slime_plugins.batch import scored_raw_rewards
-from tau2_rl_pipeline.slime_plugins.offpolicy_guard import refuse_unguarded
+from tau2_rl_pipeline.slime_plugins.offpolicy_guard import notice, refuse_unguarded
 from tau2_rl_pipeline.slime_plugins.partial_rollout import LiveEpisodes
 from tau2_rl_pipeline.slime_plugins.staleness import SCHEDULE_LAG, AdmissionGate, StalenessRefused, bound_rollout
 from tau2_rl_pipeline.slime_plugins.staleness import refusal as staleness_refusal
@@ -73,7 +73,10 @@ def _slime() -> SimpleNamespace:
                            # slime's worker drops a group whose generate raised; its private coroutine is what
                            # generate_rollout_fully_async runs, so the storm check can stand beside it.
                            fully_async_rollout=fully_async_rollout.generate_rollout_fully_async,
-                           fully_async_coroutine=fully_async_rollout._generate_rollout_async)
+                           fully_async_coroutine=fully_async_rollout._generate_rollout_async,
+                           # its one worker (None before the first rollout): `running`, `worker_thread` and the
+                           # `get_completed_groups` its rollout polls are what _stop_slime_worker reaches
+                           fully_async_worker=lambda: fully_async_rollout._global_worker)
 
 
 @functools.cache
@@ -355,13 +358,39 @@ def admission_gate(args, data_buffer, max_staleness: int) -> AdmissionGate:
 
 
 def _refuse_unguarded(args) -> None:
-    """The run stops at its first call when slime's args would train older weights' turns uncorrected
-    (offpolicy_guard.py), with the reason in one line in the log too (slime's actor prints the traceback)."""
+    """The run stops at its first call when slime's args would train older weights' turns uncorrected or unbounded
+    (offpolicy_guard.py), with the reason in one line in the log too (slime's actor prints the traceback); a rollout
+    function the guard does not know is named in one line, once."""
     try:
         refuse_unguarded(args)
     except ValueError as e:
         logger.error("%s", e)
+        _stop_slime_worker(e)
         raise
+    line = notice(args)
+    if line is not None:
+        _log_once(line)
+
+
+@functools.cache
+def _log_once(line: str) -> None:
+    logger.warning("%s", line)
+
+
+def _stop_slime_worker(error: Exception) -> None:
+    """Called inside slime's fully async worker (slime's own rollout function runs our generate there), a refusal
+    would only lose its group: the worker logs it, starts another group, and its rollout waits for ever. There the
+    worker takes no further group and the rollout, which polls it for finished groups, raises `error` to slime's
+    caller instead: the run stops with the refusal."""
+    worker = _slime().fully_async_worker()
+    if worker is None or threading.current_thread() is not worker.worker_thread:
+        return  # raised to whoever called: slime's synchronous rollout, or ours before its worker starts
+
+    def refused(limit: int | None = None) -> list:
+        raise error
+
+    worker.running = False
+    worker.get_completed_groups = refused
 
 
 async def _until_storm(coro, guard: AbortStormGuard):

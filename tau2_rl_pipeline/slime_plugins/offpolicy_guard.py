@@ -1,17 +1,30 @@
-"""The refusal of a run that would train turns sampled by older weights as if on-policy, read from slime's own args.
+"""The refusal of a run that would train turns sampled by older weights as if on-policy, or outside the staleness
+bound, read from slime's own args: the one place of the off-policy rule.
 
-scripts/train_grpo.sh refuses GRPO_MASK_OFFPOLICY=0 without GRPO_USE_TIS, and with GRPO_ALGORITHM=awsft; a user
-who launches slime with their own argv never meets that check. The adapter's generate (and its fully async
-rollout, before slime's worker starts) calls `refuse_unguarded` first, so the same argv given to slime directly
-stops at its first episode with the same one line.
+The stage scripts check the same argv before they launch; a user who launches slime with their own argv meets it in
+the adapter: its fully async rollout calls `refuse_unguarded` before slime's worker starts, its generate at its
+first call (before any episode). Under slime's own worker a generate that raises only loses its group (the worker
+logs it and starts another, for ever), so there the adapter stops the worker and makes slime's rollout raise the
+refusal: the run stops, in one line.
 
-Turns sampled by weights older than the ones being trained reach the loss only where an episode can cross a
-weight update: under `--partial-rollout` (a cut episode goes on in a later rollout) or in a fully asynchronous
-rollout (`--rollout-function-path` naming slime's or this project's `generate_rollout_fully_async`, whose episodes
-run on across updates). slime's PPO ratio uses log-probs the actor recomputes, so such turns are trained as if
-on-policy unless `--mask-offpolicy-in-partial-rollout` takes them out of the loss (rollout/offpolicy.py) or
-`--use-tis` weights them by the rollout log-probs. The AWSFT custom loss has no importance ratio: it needs the mask.
-A synchronous run without partial rollout samples every episode with the weights it trains, and needs neither.
+Turns sampled by weights older than the ones being trained reach the loss only where an episode can cross a weight
+update: under `--partial-rollout` (a cut episode goes on in a later rollout) or in a fully asynchronous rollout
+(this project's `generate_rollout_fully_async`, whose episodes run on across updates). slime's PPO ratio uses
+log-probs the actor recomputes, so such turns are trained as if on-policy unless
+`--mask-offpolicy-in-partial-rollout` takes them out of the loss (rollout/offpolicy.py) or `--use-tis` weights them
+by the rollout log-probs. The AWSFT custom loss has no importance ratio: it needs the mask. A synchronous run
+without partial rollout samples every episode with the weights it trains, and needs neither.
+
+Which rollout function runs decides the rest:
+- slime's own `slime.rollout.fully_async_rollout.generate_rollout_fully_async` is refused whatever guards the loss:
+  under it the staleness bound (TAU2_MAX_STALENESS, staleness.py) admits and masks nothing and an abort storm never
+  stops the run (its worker drops a failing group and waits for groups that never come). The project's
+  `generate_rollout_fully_async` is that same worker with both.
+- slime's synchronous `generate_rollout` and the project's SFT rollout return only when every episode they started
+  has ended (train_async.py awaits the rollout before each weight update): no episode crosses an update there.
+- Any other function may run episodes across updates for all this module can tell: refused unless the mask or TIS
+  guards the loss (the mask takes nothing out of an on-policy run), and named in one line (`notice`) when guarded,
+  because the staleness bound and the abort-storm stop are not known to hold under it.
 """
 
 from __future__ import annotations
@@ -20,24 +33,45 @@ from argparse import Namespace
 
 from tau2_rl_pipeline.slime_plugins.awsft import is_awsft
 
-ASYNC_ROLLOUT_NAME = "generate_rollout_fully_async"  # slime.rollout.fully_async_rollout's and adapter's
+SLIME_ROLLOUT = "slime.rollout.sglang_rollout.generate_rollout"  # slime's default --rollout-function-path
+SLIME_ASYNC_ROLLOUT = "slime.rollout.fully_async_rollout.generate_rollout_fully_async"
+PROJECT_ASYNC_ROLLOUT = "tau2_rl_pipeline.slime_plugins.adapter.generate_rollout_fully_async"
+SYNCHRONOUS_ROLLOUTS = (SLIME_ROLLOUT, "tau2_rl_pipeline.slime_plugins.sft.generate_rollout")
 
 
 class UnguardedOffPolicy(ValueError):
-    """slime's args would train turns sampled by older weights with nothing to correct them."""
+    """slime's args would train turns sampled by older weights with nothing to correct them, or unbounded."""
 
 
-def crosses_updates(args: Namespace) -> bool:
-    """Whether an episode of this run can be sampled across a weight update (module docstring)."""
-    rollout_fn = str(getattr(args, "rollout_function_path", None) or "")
-    return bool(getattr(args, "partial_rollout", False)) or rollout_fn.rsplit(".", 1)[-1] == ASYNC_ROLLOUT_NAME
+def rollout_function(args: Namespace) -> str:
+    """The dotted path of the rollout function slime runs (its default when the argv names none)."""
+    return str(getattr(args, "rollout_function_path", None) or SLIME_ROLLOUT)
+
+
+def known(args: Namespace) -> bool:
+    """Whether this module knows whether the run's rollout function lets an episode cross a weight update."""
+    return rollout_function(args) in (*SYNCHRONOUS_ROLLOUTS, SLIME_ASYNC_ROLLOUT, PROJECT_ASYNC_ROLLOUT)
 
 
 def refusal(args: Namespace) -> str | None:
     """The one-line reason slime's `args` must not run, or None."""
-    if not crosses_updates(args) or getattr(args, "mask_offpolicy_in_partial_rollout", False):
+    function = rollout_function(args)
+    if function == SLIME_ASYNC_ROLLOUT:
+        return (f"--rollout-function-path {SLIME_ASYNC_ROLLOUT} runs this project's generate without the staleness "
+                "bound (TAU2_MAX_STALENESS) and without the abort-storm stop (slime's worker drops every group whose "
+                f"generate raised and waits for ever): pass --rollout-function-path {PROJECT_ASYNC_ROLLOUT}, the same "
+                "worker with both (GRPO_ASYNC_ROLLOUT_FUNCTION's default)")
+    if getattr(args, "mask_offpolicy_in_partial_rollout", False):
         return None
-    mode = "--partial-rollout" if getattr(args, "partial_rollout", False) else "the fully async rollout"
+    if getattr(args, "partial_rollout", False):
+        mode = "--partial-rollout"
+    elif function == PROJECT_ASYNC_ROLLOUT:
+        mode = "the fully async rollout"
+    elif function in SYNCHRONOUS_ROLLOUTS:
+        return None
+    else:
+        mode = (f"--rollout-function-path {function} (a rollout function this project does not know: its episodes may "
+                "cross a weight update)")
     if is_awsft(args):
         return (f"{mode} without --mask-offpolicy-in-partial-rollout would train turns sampled by older weights with "
                 "nothing to correct them: the AWSFT custom loss never applies TIS; pass "
@@ -47,6 +81,15 @@ def refusal(args: Namespace) -> str | None:
                 "weights as if on-policy (slime's PPO ratio ignores the rollout log-probs): pass "
                 "--mask-offpolicy-in-partial-rollout or --use-tis (GRPO_MASK_OFFPOLICY=1 or GRPO_USE_TIS=1)")
     return None
+
+
+def notice(args: Namespace) -> str | None:
+    """The one line a run that may go on still deserves: a rollout function this module does not know."""
+    if known(args) or refusal(args) is not None:
+        return None
+    return (f"--rollout-function-path {rollout_function(args)} is not a rollout function this project knows: if its "
+            "episodes run across weight updates, TAU2_MAX_STALENESS is not held and an abort storm may not stop the "
+            f"run ({PROJECT_ASYNC_ROLLOUT} holds both)")
 
 
 def refuse_unguarded(args: Namespace) -> None:

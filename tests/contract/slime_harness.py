@@ -75,7 +75,7 @@ def reset_slime() -> None:
     http_utils._http_client = None
     for cached in (slime_adapter._config, slime_adapter._user_factory, slime_adapter._engine,
                    slime_adapter._storm_guard, slime_adapter._live_episodes, slime_adapter._settle_gc,
-                   slime_adapter._admission_gate):
+                   slime_adapter._admission_gate, slime_adapter._log_once):
         cached.cache_clear()
     slime_adapter._trackers.clear()
 
@@ -90,6 +90,14 @@ def rollout(args, rollout_id: int = 0, data_source=None):
     data_source = data_source or RolloutDataSourceWithBuffer(args)
     fn = load_function(args.rollout_function_path)
     return fn(args, rollout_id, data_source), data_source
+
+
+def own_rollout(args, rollout_id, data_source, evaluation: bool = False):
+    """A user's own `--rollout-function-path` (slime_harness.own_rollout: a path the off-policy guard does not know),
+    here slime's synchronous generate_rollout under another name."""
+    from slime.rollout.sglang_rollout import generate_rollout
+
+    return generate_rollout(args, rollout_id, data_source, evaluation=evaluation)
 
 
 def update_weights(server, version: str) -> None:

@@ -12,10 +12,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from argparse import Namespace
 from pathlib import Path
 
 import pytest
 from test_scripts import SLIME, Result, run_script
+
+from tau2_rl_pipeline.slime_plugins.offpolicy_guard import SLIME_ASYNC_ROLLOUT, refusal
 
 HERE = Path(__file__).resolve().parent
 LAYOUTS = {"8": (4, 2), "4": (2, 2), "2": (1, 1)}  # layout -> (policy GPUs, Megatron TP)
@@ -52,6 +55,8 @@ def runs() -> dict[str, tuple[str, dict[str, str]]]:
     out["train_grpo.sh-async-no-options"] = ("train_grpo.sh", {"GRPO_ASYNC": "1", "GRPO_PARTIAL_ROLLOUT": "0",
                                                                "GRPO_USE_TIS": "0"})
     out["train_grpo.sh-async-unmasked"] = ("train_grpo.sh", {"GRPO_ASYNC": "1", "GRPO_MASK_OFFPOLICY": "0"})
+    out["train_grpo.sh-async-slime-rollout"] = ("train_grpo.sh", {"GRPO_ASYNC": "1",
+                                                                  "GRPO_ASYNC_ROLLOUT_FUNCTION": SLIME_ASYNC_ROLLOUT})
     out["train_grpo.sh-awsft-token-mean"] = ("train_grpo.sh", {"GRPO_ALGORITHM": "awsft",
                                                                "TAU2_LOSS_REDUCTION": "token_mean"})
     out["train_grpo.sh-typo"] = ("train_grpo.sh", {"EXTRA_SLIME_ARGS": f"{TYPO} 0.3"})
@@ -149,6 +154,19 @@ def test_async_grpo_parses_as_meant(parsed: dict[str, list[dict]], layout: str) 
     assert args["rollout_num_gpus"] == gpus // 2 and args["actor_num_gpus_per_node"] == gpus - gpus // 2
     assert args["tensor_model_parallel_size"] == min(tp, gpus - gpus // 2)
     assert args["world_size"] == gpus - gpus // 2
+
+
+def test_the_off_policy_guard_passes_every_grpo_argv_but_slime_own_async_rollout(parsed: dict[str, list[dict]]) -> None:
+    """The guard (offpolicy_guard.refusal) over slime's own parse of each GRPO dry run: every mode the script offers
+    passes; GRPO_ASYNC_ROLLOUT_FUNCTION naming slime's own fully async rollout is refused in one line (the staleness
+    bound and the abort-storm stop do not hold under it)."""
+    guarded = {name: refusal(Namespace(**only(parsed, name))) for name in parsed
+               if name.startswith("train_grpo.sh") and name not in ("train_grpo.sh-typo",
+                                                                    "train_grpo.sh-async-slime-rollout")}
+    assert guarded and set(guarded.values()) == {None}, guarded
+    line = refusal(Namespace(**only(parsed, "train_grpo.sh-async-slime-rollout")))
+    assert line is not None and "\n" not in line
+    assert line.startswith(f"--rollout-function-path {SLIME_ASYNC_ROLLOUT} runs this project's generate without")
 
 
 def test_async_grpo_options_switch_off(parsed: dict[str, list[dict]]) -> None:
