@@ -305,17 +305,17 @@ def test_a_rambling_user_qualifies_and_the_report_shows_its_length_against_the_r
         qualify_user("canned", "mock", None, 0.0, cfg)["records"], {}, 0.0, (), reference), "canned"))
 
 
-def test_replays_stop_once_the_verdict_is_settled() -> None:
-    """A failing task is replayed without a user only while the verdict could still turn on it: stops-at-once on
-    airline 8 and 13 (13 scores 1.0 but is flagged, so the rate is over 0 whatever 8 is): 8 is never replayed and
-    counts as a failure; under a bound of 1.0 the verdict turns on it, and it is replayed (no task fault)."""
-    cfg = Tau2Config.from_env()
-    bounded = qualify_user("stops-at-once", "airline", ["8", "13"], 0.0, cfg)
-    airline = bounded["domains"]["airline"]
-    assert airline["not_replayed"] == ["8"] and not bounded["qualified"] and bounded["overall"]["failed"] == 2
-    assert any(line.endswith("counted as the user's failures): 1") for line in verdict_lines(bounded, "x"))
-    loose = qualify_user("stops-at-once", "airline", ["8", "13"], 1.0, cfg)
-    assert loose["domains"]["airline"]["not_replayed"] == [] and loose["domains"]["airline"]["task_faults"] == []
+def test_replays_stop_once_the_verdict_is_settled(tmp_path: Path, loopback, capsys) -> None:
+    """A failing task is replayed without a user only while the verdict could still turn on it: a user that stops at
+    once on airline 8 and 13 (13 scores 1.0 but is flagged, so the rate is over 0 whatever 8 is): 8 is never
+    replayed and counts as a failure; the canned table's run replays it (no task fault)."""
+    code, summary = llm_run(tmp_path, loopback, "stops", "airline", "8,13", "test")
+    airline = summary["qualification"]["domains"]["airline"]
+    assert code == 1 and airline["not_replayed"] == ["8"] and summary["qualification"]["overall"]["failed"] == 2
+    assert ("    failing tasks not replayed (the verdict was settled without them; counted as the user's failures): 1"
+            in capsys.readouterr().out)
+    every = qualify_user("stops-at-once", "airline", ["8", "13"], 0.0, Tau2Config.from_env())["domains"]["airline"]
+    assert every["not_replayed"] == [] and every["task_faults"] == [] and every["failure_rate"]["failed"] == 2
 
 
 def test_settled_is_over_the_bound_whatever_the_unsure_tasks_are() -> None:

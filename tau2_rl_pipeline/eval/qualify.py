@@ -277,14 +277,16 @@ def reference_words(plan_tasks: Mapping[str, Sequence[Any]], cfg: Any) -> dict[s
 
 
 def set_aside_tasks(plan_tasks: Mapping[str, Sequence[Any]], failing: set[tuple[str, str]], records: Sequence[dict],
-                    max_failure_rate: float) -> tuple[dict[tuple[str, str], str], list[tuple[str, str]]]:
+                    max_failure_rate: float | None) -> tuple[dict[tuple[str, str], str], list[tuple[str, str]]]:
     """Of the tasks failing here, those whose user-free gold replay (benchmark/oracle.py) fails as well, each with
     why (ORACLE_CANNOT_PLAY when the task gives no gold actions, else TASK_FAULT), replayed one by one until the
-    verdict is settled (`settled`); and the failing tasks left unreplayed then."""
+    verdict against `max_failure_rate` is settled (`settled`; None: every one); and the failing tasks left
+    unreplayed then."""
     by_id = {(d, t.id): t for d, ts in plan_tasks.items() for t in ts}
     aside: dict[tuple[str, str], str] = {}
     pending = sorted(failing)
-    while pending and not settled(records, set(pending) | set(aside), max_failure_rate):
+    while pending and not (max_failure_rate is not None
+                           and settled(records, set(pending) | set(aside), max_failure_rate)):
         key = pending.pop(0)
         if gold_replay_fails(key[0], by_id[key].model_dump_json()):
             aside[key] = TASK_FAULT if gold_actions(by_id[key]) else ORACLE_CANNOT_PLAY

@@ -28,13 +28,14 @@ USERS = {"scripted": ScriptedUser, **CANNED_USERS}
 
 def qualify_user(name: str, domain: str, task_ids: Sequence[str] | None, max_failure_rate: float,
                  cfg: Tau2Config) -> dict[str, Any]:
-    """One user on one domain's tasks (mock: base split, others: test): the qualification of its episodes and the
-    causes of every bad one (each episode's causes, not only the first)."""
+    """One user on one domain's tasks (mock: base split, others: test): the qualification of its episodes (every
+    failing task replayed, so that each one set aside is known), the causes of every bad one (each episode's
+    causes, not only the first) and the records of the tasks not set aside."""
     plan = make_plan([domain], "base" if domain == "mock" else "test", task_ids, 1)
     user = USERS[name]
     records = asyncio.run(run_oracle(plan.episodes(), lambda task, environment: user(task), cfg, 300, 4))
-    aside, unreplayed = set_aside_tasks(plan.tasks, failing_tasks(records), records, max_failure_rate)
-    result = qualification(records, aside, max_failure_rate, unreplayed)
+    aside, _ = set_aside_tasks(plan.tasks, failing_tasks(records), records, None)  # each cause known: replay all
+    result = qualification(records, aside, max_failure_rate)
     kept = [r for r in records if (domain, r["task_id"]) not in aside]
     result["records"] = kept
     result["all_causes"] = Counter(c for r in kept for c in r["qualify_causes"])
