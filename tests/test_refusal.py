@@ -32,6 +32,16 @@ MEASURED = {("refusals.jsonl", "rules"): (30, 0, 0), ("refusals.jsonl", "phrase 
             ("refusals_heldout.jsonl", "rules"): (10, 0, 0), ("refusals_heldout.jsonl", "phrase list"): (2, 1, 8)}
 
 
+# tests/data/refusals_outside.jsonl (91 messages: 46 refusals, 45 hard negatives; tests/data/refusals_outside.md says
+# how) was written and labelled BLIND: by a separate helper that never read the detector, its tests or the corpora
+# above, while the rules were being written. The rules were frozen at commit 4db9c79 before anyone here opened the
+# file, and measured on it once: 35 true positives, 1 false positive, 11 misses, precision 35/36 = 0.97, recall
+# 35/46 = 0.76 (under the 0.8 recall aimed at). Those blind figures are the floors below; whatever was changed after
+# reading the file cannot count as blind (docs/evaluation.md keeps the two apart).
+BLIND = "refusals_outside.jsonl"
+BLIND_FLOORS = (35 / 36, 35 / 46)
+
+
 def corpus(name: str) -> list[dict]:
     return [json.loads(line) for line in (DATA / name).read_text().splitlines() if line.strip()]
 
@@ -54,6 +64,13 @@ def test_precision_and_recall_floors_on_the_labelled_corpus(name: str) -> None:
     assert sum(r["refusal"] for r in rows) >= 10 and sum(not r["refusal"] for r in rows) >= 10
     precision, recall = precision_recall(rows)
     assert precision >= FLOORS[name][0] and recall >= FLOORS[name][1]
+
+
+def test_the_blind_corpus_keeps_the_figures_measured_once_before_it_was_read() -> None:
+    rows = corpus(BLIND)
+    assert (len(rows), sum(r["refusal"] for r in rows)) == (91, 46)
+    precision, recall = precision_recall(rows)
+    assert precision >= BLIND_FLOORS[0] and recall >= BLIND_FLOORS[1], (precision, recall)
 
 
 @pytest.mark.parametrize("text,refused", [
