@@ -28,8 +28,11 @@ PHRASE_LIST = re.compile(
     r" (?:to )?(?:help|assist|do that|process|proceed|fulfil+|complete|make|change|modify|cancel|book|provide)"
     r"|\bagainst (?:our|the) polic", re.IGNORECASE)
 # (true positives, false positives, false negatives): the counts docs/evaluation.md prints
+# The outside corpus's rules figure is the one AFTER it was read (three rule families widened, "without" no longer
+# a condition: 40, 0, 6): not blind; the blind one is BLIND_FLOORS below.
 MEASURED = {("refusals.jsonl", "rules"): (30, 0, 0), ("refusals.jsonl", "phrase list"): (10, 2, 20),
-            ("refusals_heldout.jsonl", "rules"): (10, 0, 0), ("refusals_heldout.jsonl", "phrase list"): (2, 1, 8)}
+            ("refusals_heldout.jsonl", "rules"): (10, 0, 0), ("refusals_heldout.jsonl", "phrase list"): (2, 1, 8),
+            ("refusals_outside.jsonl", "rules"): (40, 0, 6), ("refusals_outside.jsonl", "phrase list"): (6, 0, 40)}
 
 
 # tests/data/refusals_outside.jsonl (91 messages: 46 refusals, 45 hard negatives; tests/data/refusals_outside.md says
@@ -98,6 +101,9 @@ def test_clauses(text: str, refused: bool) -> None:
     ("No, I will not waive the change fee.", "agent unwillingness"),
     ("Sorry, refunds can only be issued to the original card.", "restriction, with an apology"),
     ("The system won't let me modify an order that has shipped.", "policy cited"),
+    ("No changes can be made to a reservation that has been flown.", "impersonal impossibility"),
+    ("That is beyond what we are permitted to do.", "impersonal impossibility"),
+    ("Sorry, bending that rule is not something I will do.", "impersonal impossibility"),
     # a refusal inside a question sentence, as a clause of its own
     ("I can't change the cabin for one flight - would you like to upgrade the whole trip instead?", "agent inability"),
     ("How about keeping the current plan, since I can't switch it while the line is suspended?", "agent inability"),
@@ -105,6 +111,7 @@ def test_clauses(text: str, refused: bool) -> None:
     # what is not one
     ("Once cancelled, the reservation cannot be reinstated. Would you like me to proceed?", None),  # a consequence
     ("Please note that this cannot be undone. Are you sure you want to cancel?", None),
+    ("Seats can't be changed after check-in, so let's pick one now.", None),  # a rule ahead, not a decision
     ("I won't charge your card until the exchange is complete.", None),  # good news, no apology
     ("I can't proceed until you confirm the details above.", None),  # waits on the customer
     ("Normally basic economy can't be changed, but since you bought insurance, I can change it.", None),

@@ -19,8 +19,9 @@ refuses when one of these holds (`RULES`, each named):
 - declining verbs with the agent as subject: decline, refuse, deny, reject, turn down, say no;
 - impersonal impossibility: "not possible / feasible / an option / permitted / allowed / eligible", "impossible",
   "ineligible", "can not / can no longer be <participle>" (not found / seen / verified / charged, which report a
-  lookup or reassure), "there is no way to", "nothing I can do", "not something we can", "outside my authority",
-  "we do not offer", a request "denied" or "rejected", "does not qualify", "afraid not", "off the table";
+  lookup or reassure), "no changes can be made", "there is no way to", "nothing I can do", "not something I'll
+  do", "outside my authority", "beyond what I am authorised to do", "we do not offer", a request "denied" or
+  "rejected", "does not qualify", "afraid not", "off the table";
 - policy cited against it: "against our policy", "the policy / fare rules do not allow", "policies prohibit",
   "the system won't let me".
 
@@ -30,7 +31,7 @@ A match does not count when:
 - it waits on the customer (until / unless / without / before + confirming, verifying, giving details): "I can't
   proceed until you confirm" is a step of the procedure;
 - it is a consequence, not a decision: an impersonal impossibility in a clause opening with "once" / "after" / "as
-  soon as" (a "note that" before it aside), or one
+  soon as" (a "note that" before it aside), or followed at once by one ("can't be changed after it ships"), or one
   followed in the message by an offer to go ahead with the very action ("Would you like me to proceed?", "Are you
   sure?", not "... instead?"): "Once cancelled it cannot be reinstated. Would you like me to proceed?";
 - it states the usual rule that the message then sets aside ("Normally ... can't ..., but since ..., I can ...");
@@ -97,14 +98,15 @@ IMPERSONAL = re.compile(
     r"|\bthere (?:is|are) no (?:way|option|means|possibility) (?:to|for (?:me|us|you) to|(?:i|we) can)\b"
     r"|\b(?:nothing|not much|not anything)(?: (?:more|else|further))? (?:that )?(?:i|we) (?:can|could|am able to"
     r"|are able to) (?:do|offer)\b|\b(?:i|we) can do nothing\b"
-    r"|\b(?:not|never) (?:something|anything) (?:that )?(?:i|we) (?:can|could|am able to|are able to|do|offer"
-    r"|allow|support|am allowed to|are allowed to)\b"
-    r"|\b(?:outside|beyond) (?:of )?(?:what (?:i|we) (?:can|am able|are able|am allowed|are allowed)|(?:my|our) "
+    r"|\b(?:not|never) (?:something|anything) (?:that )?(?:i|we) (?:can|could|will|would|am able to|are able to|do"
+    r"|offer|allow|support|am allowed to|are allowed to|am going to)\b"
+    r"|\b(?:outside|beyond) (?:of )?(?:what (?:i|we) (?:can|could|am|are)\b|(?:my|our) "
     r"(?:authority|scope|remit|abilities|ability|power|policy|policies))\b"
     r"|\bwe (?:do not|no longer|never) (?:offer|allow|permit|provide|issue|accept|support|do|give|grant|honou?r"
     r"|make exceptions)\b"
-    r"|\b(?:request|claim|application|appeal|exception)(?: for (?:a |an |the )?\w+)? (?:is|was|has been|have been|must be|will be|would be)"
-    r" (?:denied|declined|rejected|refused|not approved)\b"
+    r"|\b(?:request|claim|application|appeal|exception)\b(?: [\w-]+){0,10}? (?:is|was|has been|have been|must be"
+    r"|will be|would be) (?:denied|declined|rejected|refused|not approved)\b"
+    r"|\bno (?:\w+ ){0,2}can be (?P<no_participle>\w+(?:ed|en|wn|ne|de|lt|id|ft|pt|ld|nt|ot|it))\b"
     r"|\b(?:does|do|will) not (?:qualify|meet the (?:criteria|requirements|conditions))\b"
     r"|\b(?:afraid|sorry|unfortunately),? (?:not|no)\b|\bwish (?:i|we) could\b|\bhands are tied\b"
     r"|\boff the table\b|\bout of the question\b")
@@ -121,7 +123,7 @@ RULES = {"agent inability": AGENT_UNABLE, "agent unwillingness": AGENT_UNWILLING
          "impersonal impossibility": IMPERSONAL, "policy cited": POLICY}
 
 # -- what a match is not ------------------------------------------------------------------------------------------
-HYPOTHETICAL = re.compile(r"(?<!even )\b(?:if|unless|in case|whether|without|let me know|should you|in the event"
+HYPOTHETICAL = re.compile(r"(?<!even )\b(?:if|unless|in case|whether|let me know|should you|in the event"
                           r"|suppose|what if)\b|(?<!that is )(?<!this is )(?<!which is )(?<!explain )\bwhy\b")
 WAITS_ON_CUSTOMER = re.compile(r"\b(?:until|unless|without|before)\b(?: \S+){0,6}? (?:confirm\w*|verif\w*|authenticat\w*"
                                r"|consent|approv\w*|permission|go-ahead|go ahead|identity|provid\w*|details|user id"
@@ -132,6 +134,7 @@ OFFER_TO_PROCEED = re.compile(r"\b(?:would you like (?:me )?to (?:proceed|go ahe
                               r"(?:want|wish) (?:me )?to (?:proceed|go ahead|continue)|shall i (?:proceed|go ahead|continue)"
                               r"|should i (?:proceed|go ahead|continue)|are you sure|please confirm|can you confirm"
                               r"|could you confirm|ready to proceed)\b")
+CONDITION_AFTER = re.compile(r"\W*(?:once|after|as soon as)\b")  # "can't be changed after it ships": a rule ahead
 INSTEAD = re.compile(r"\b(?:instead|alternative|other option|rather)\b")
 USUAL_RULE = re.compile(r"\b(?:normally|usually|typically|generally|ordinarily|in general|as a rule|in most cases)\b")
 EXCEPTION_MADE = re.compile(r"\b(?:but|however)\b.*\b(?:i|we) (?:can|will|am able to|are able to|have|could)"
@@ -153,10 +156,11 @@ def _counts(rule: str, match: re.Match, segment: str, message_after: str) -> boo
         if verb in _NOT_A_DECISION or (verb, nxt) in _LOOKUP_PAIRS or verb == "not":
             return False
     groups = match.groupdict()
-    if groups.get("participle") in _LOOKUP_OR_REASSURANCE or groups.get("hedge") in _NOT_A_DECISION:
+    if (groups.get("participle") or groups.get("no_participle")) in _LOOKUP_OR_REASSURANCE \
+            or groups.get("hedge") in _NOT_A_DECISION:
         return False  # "cannot be found", "impossible to predict": a lookup or a hedge
     if rule == "impersonal impossibility" and (
-            CONSEQUENCE_OPENER.search(before)
+            CONSEQUENCE_OPENER.search(before) or CONDITION_AFTER.match(after)
             or any(OFFER_TO_PROCEED.search(s) and not INSTEAD.search(s) for s in _SENTENCE_END.split(message_after))):
         return False
     return True
