@@ -67,7 +67,7 @@ from tau2_rl_pipeline.metrics import bootstrap_ci, is_success
 MAX_EXAMPLES = 5
 TASK_FAULT = "task fault"  # its own gold actions, replayed without a user, fail its check
 ORACLE_CANNOT_PLAY = "oracle cannot play"  # it gives no gold actions, and its check wants the state changed
-LONG_WINDED = 10.0  # words per message, as a multiple of the reference user's, from which the report says so
+LONG_WINDED = 5.0  # words per message, as a multiple of the reference user's, from which the report says so
 
 # ---------------------------------------------------------------------------------------------------
 # Pure: records -> failure rates, causes, task faults, verdict
