@@ -160,7 +160,7 @@ def failure_cause(notes: OracleNotes, n_gold: int, termination_reason: str, last
     """Why an oracle episode failed (one of CAUSES), or None when it succeeded. A user-side ending counts first (a
     transfer or out-of-scope token, a stop before the gold actions were done, or before the closing message), then
     a device action never performed, then tau2's limits; a complete conversation that still scored below 1 is the
-    evaluator's disagreement (a task fault when it happens under every simulator)."""
+    evaluator's disagreement (a task set aside when it happens under every simulator and the gold replay)."""
     if success:
         return None
     if termination_reason == "user_stop":

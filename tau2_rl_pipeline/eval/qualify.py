@@ -70,7 +70,7 @@ ORACLE_CANNOT_PLAY = "oracle cannot play"  # it gives no gold actions, and its c
 LONG_WINDED = 5.0  # words per message, as a multiple of the reference user's, from which the report says so
 
 # ---------------------------------------------------------------------------------------------------
-# Pure: records -> failure rates, causes, task faults, verdict
+# Pure: records -> failure rates, causes, tasks set aside, verdict
 
 def failing_tasks(records: Sequence[dict]) -> set[tuple[str, str]]:
     """(domain, task id) of the tasks whose every scored episode failed."""
@@ -147,7 +147,8 @@ def qualification(records: Sequence[dict], set_aside: Mapping[tuple[str, str], s
 
 
 def verdict_lines(result: dict[str, Any], user: str) -> list[str]:
-    """The one-screen verdict: per domain the failure rate, its causes and the task faults, then QUALIFIED or not."""
+    """The one-screen verdict: per domain the failure rate, its causes, the tasks set aside and the user's message
+    length, then QUALIFIED or not."""
     def rate(entry: dict[str, Any]) -> str:
         if entry["value"] is None:
             return "no scored episode"
@@ -305,7 +306,7 @@ def gold_replay_fails(domain: str, task_json: str) -> bool:
 
 def build_parser() -> argparse.ArgumentParser:
     p = command_parser("tau2-rl-qualify-user", __doc__.split("\n\n")[0].split(": ", 1)[1],
-                       epilog="QUALIFIED when the failure rate (task faults apart) is at most --max-failure-rate; "
+                       epilog="QUALIFIED when the failure rate (tasks set aside apart) is at most --max-failure-rate; "
                               "exit 0 qualified, 1 not, 2 bad setup.")
     p.add_argument("--user", choices=USER_KINDS, default="llm",
                    help="llm = tau2's user simulator as TAU2_USER_* configure it; scripted = the offline user")
@@ -319,7 +320,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the verdict's bound (tasks set aside apart). A failing user takes longer: each task it "
                         "fails is replayed once without a user, until the verdict is settled")
     p.add_argument("--against", type=Path, action="append", default=[], metavar="OTHER.json",
-                   help="another simulator's qualification: a task is a task fault only if it fails there too")
+                   help="another simulator's qualification: a task is set aside only if it fails there too")
     p.add_argument("--output", type=Path, default=Path("outputs/qualify/user.json"), help="summary JSON path")
     g = p.add_argument_group("the GRPO gate (scripts/train_grpo.sh runs it)", more=True)
     g.add_argument("--check", type=Path, default=None, metavar="SUMMARY.json",
