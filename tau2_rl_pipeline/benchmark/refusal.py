@@ -50,7 +50,8 @@ import re
 # -- normalising --------------------------------------------------------------------------------------------------
 _SPELLED = ((r"\bcan't\b|\bcannot\b", "can not"), (r"\bwon't\b", "will not"), (r"\bshan't\b", "shall not"),
             (r"\b(\w+)n't\b", r"\1 not"), (r"\bi'm\b", "i am"), (r"\b(we|you|they)'re\b", r"\1 are"),
-            (r"\b(\w+)'ll\b", r"\1 will"), (r"\b(\w+)'ve\b", r"\1 have"), (r"\b(i|we|you|they|it|that)'d\b", r"\1 would"),
+            (r"\b(\w+)'ll\b", r"\1 will"), (r"\b(\w+)'ve\b", r"\1 have"),
+            (r"\b(i|we|you|they|it|that)'d\b", r"\1 would"),
             (r"\b(it|that|there|this|here|what|which|who|he|she)'s\b", r"\1 is"))
 
 
@@ -83,7 +84,8 @@ _NOT_A_DECISION = frozenset(
 _LOOKUP_PAIRS = {("help", "but"), ("look", "up"), ("look", "for"), ("pull", "up"), ("make", "out")}
 _DECIDE_AFTER = rf"(?: to)?{_ADV} (?P<verb>\w+)(?P<next> \w+)?"
 AGENT_UNABLE = re.compile(rf"\b(?:i|we){_ADV} (?:{_NEG_ABILITY}){_DECIDE_AFTER}")
-AGENT_UNWILLING = re.compile(rf"\b(?:i|we){_ADV} (?:will not|would not|am not going to|are not going to){_DECIDE_AFTER}")
+AGENT_UNWILLING = re.compile(rf"\b(?:i|we){_ADV} (?:will not|would not|am not going to|are not going to)"
+                             rf"{_DECIDE_AFTER}")
 AGENT_RESTRICTED = re.compile(rf"\b(?:i|we){_ADV} (?:can|am|are) only(?: able to)?{_DECIDE_AFTER}"
                               r"|\b(?:can|may) only be (?P<participle>\w+(?:ed|en|wn|ne|de|lt|id|ft|pt|ld|nt|ot|it))\b")
 APOLOGY_OR_NO = re.compile(r"\b(?:sorry|afraid|unfortunately|apologi[sz]e|regret\w*|sadly)\b|^\s*no\b")
@@ -125,13 +127,15 @@ RULES = {"agent inability": AGENT_UNABLE, "agent unwillingness": AGENT_UNWILLING
 # -- what a match is not ------------------------------------------------------------------------------------------
 HYPOTHETICAL = re.compile(r"(?<!even )\b(?:if|unless|in case|whether|let me know|should you|in the event"
                           r"|suppose|what if)\b|(?<!that is )(?<!this is )(?<!which is )(?<!explain )\bwhy\b")
-WAITS_ON_CUSTOMER = re.compile(r"\b(?:until|unless|without|before)\b(?: \S+){0,6}? (?:confirm\w*|verif\w*|authenticat\w*"
+WAITS_ON_CUSTOMER = re.compile(r"\b(?:until|unless|without|before)\b(?: \S+){0,6}? (?:confirm\w*|verif\w*"
+                               r"|authenticat\w*"
                                r"|consent|approv\w*|permission|go-ahead|go ahead|identity|provid\w*|details|user id"
                                r"|say so|tell me|give me|share)")
 CONSEQUENCE_OPENER = re.compile(r"^\W*(?:(?:just so you know|(?:please )?(?:note|keep in mind|remember|be aware)"
                                 r"(?: that)?),? )?(?:once|after|as soon as)\b")
 OFFER_TO_PROCEED = re.compile(r"\b(?:would you like (?:me )?to (?:proceed|go ahead|continue|confirm)|do you (?:still )?"
-                              r"(?:want|wish) (?:me )?to (?:proceed|go ahead|continue)|shall i (?:proceed|go ahead|continue)"
+                              r"(?:want|wish) (?:me )?to (?:proceed|go ahead|continue)"
+                              r"|shall i (?:proceed|go ahead|continue)"
                               r"|should i (?:proceed|go ahead|continue)|are you sure|please confirm|can you confirm"
                               r"|could you confirm|ready to proceed)\b")
 CONDITION_AFTER = re.compile(r"\W*(?:once|after|as soon as)\b")  # "can't be changed after it ships": a rule ahead

@@ -66,7 +66,8 @@ _NOT_ID = re.compile(r"^\d+(?:st|nd|rd|th|am|pm|s|k|h|m|min|gb|mb)?$")
 _ENGLISH = frozenset("the a an and to of i you my me is it for in on that this be have can with please would "
                      "want need do not what your thanks thank yes no".split())
 # words too common to show a request, a name or something new said
-_COMMON = _ENGLISH | frozenset("you your yours i me my we our they them he she his her it its is are was were be been am "
+_COMMON = _ENGLISH | frozenset("you your yours i me my we our they them he she his her it its is are was were be "
+                               "been am "
                                "will would could should can may might must shall do does did done have has had want "
                                "wants need needs like would just also very really about some any all this that these "
                                "those there here what which when where who why how then than from into with without "

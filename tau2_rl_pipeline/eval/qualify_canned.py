@@ -58,7 +58,8 @@ def table_rows(results: dict[tuple[str, str], dict[str, Any]]) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m tau2_rl_pipeline.eval.qualify_canned", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m tau2_rl_pipeline.eval.qualify_canned",
+                                description=__doc__.split("\n\n")[0])
     p.add_argument("--domains", default="mock,airline")
     p.add_argument("--users", default=",".join(USERS), help=f"of {', '.join(USERS)}")
     p.add_argument("--task-ids", default=None, help="comma-separated task ids (default: all)")
