@@ -201,8 +201,9 @@ require_choice LOSS_MASK_TYPE "${LOSS_MASK_TYPE}" qwen qwen3 qwen3_5 distill_qwe
 # An explicitly empty TAU2_USER_API_BASE means the provider's default endpoint (an API model): nothing local.
 export TAU2_USER_MODEL="${TAU2_USER_MODEL:-openai/Qwen/Qwen3-4B-Instruct-2507}"
 export TAU2_USER_API_BASE="${TAU2_USER_API_BASE-http://127.0.0.1:30001/v1}"
-export TAU2_USER_TEMPERATURE="${TAU2_USER_TEMPERATURE:-0.7}"
-require_number TAU2_USER_TEMPERATURE "${TAU2_USER_TEMPERATURE}"
+# TAU2_USER_TEMPERATURE unset: Tau2Config's default (config.DEFAULT_USER_TEMPERATURE, tau2's 0), as for
+# tau2-rl-qualify-user, so that the GRPO gate compares a qualification and a run made with the same defaults.
+if [[ -n "${TAU2_USER_TEMPERATURE:-}" ]]; then require_number TAU2_USER_TEMPERATURE "${TAU2_USER_TEMPERATURE}"; fi
 export POLICY_PORT="${POLICY_PORT:-30000}"
 require_uint POLICY_PORT "${POLICY_PORT}"
 

@@ -28,6 +28,10 @@ CURRICULUM_MAX_WEIGHT = 5.0  # AWSFT's largest weight (learning/awsft.py MAX_WEI
 # and output directory, the tests', tau2's log level, and tau2-bench's own data directory.
 OTHER_VARIABLES = ("TAU2_LOG_LEVEL", "TAU2_QWEN3_TOKENIZER", "TAU2_VENV", "TAU2_TEST_WORKERS", "TAU2_THIRD_PARTY",
                    "TAU2_GPU_LAYOUT", "TAU2_OUT_DIR", "TAU2_DATA_DIR")
+# The user simulator's temperature when TAU2_USER_TEMPERATURE is unset: tau2's own (its user runs at 0), for every
+# entry point and the stage scripts alike, so that a qualification made with the defaults (tau2-rl-qualify-user)
+# covers a run made with them (eval/qualify_gate.py compares the two); set the variable for both to change it.
+DEFAULT_USER_TEMPERATURE = 0.0
 _warned: set[str] = set()
 
 
@@ -49,8 +53,9 @@ class Tau2Config:
     user_api_base: str = field(default="", metadata=_meta(
         "API base of the user simulator, e.g. http://127.0.0.1:30001/v1 (a router's, or several servers' "
         "comma-separated: the async client spreads the load); empty = the provider default"))
-    user_temperature: float = field(default=0.0, metadata=_meta(
-        "sampling temperature of the user simulator", min_value=0.0, max_value=2.0))
+    user_temperature: float = field(default=DEFAULT_USER_TEMPERATURE, metadata=_meta(
+        "sampling temperature of the user simulator (tau2's 0 unless set; the stage scripts keep it, so a "
+        "qualification and a run made with the defaults agree)", min_value=0.0, max_value=2.0))
     user_max_retries: int = field(default=4, metadata=_meta(
         "retries of a failed user-simulator call (errors, malformed answers, timeouts; the async client backs off "
         "between them) before the episode ends aborted; also tau2's re-asks of an empty answer", min_value=0))

@@ -346,6 +346,9 @@ def test_a_cut_off_run_is_refused_and_compared_with_warnings_only_when_allowed(t
                       "in a run: t5 (A 4, B 2)")
     saved = json.loads((tmp_path / "c.json").read_text())
     assert len(saved["warnings"]) == 1 and saved["scopes"]["mock"]["warnings"]
+    assert main([str(b), str(b), "--allow-unfinished"]) == 0  # the same unfinished run as A and B: warned once
+    out = capsys.readouterr().out.splitlines()
+    assert sum(line.startswith(f"WARNING: {b}: the run is unfinished") for line in out) == 1, out
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -56,7 +56,7 @@ def test_a_default_the_stage_scripts_change_is_explained_in_the_table() -> None:
     script_defaults = dict(re.findall(r'^export (TAU2_\w+)="\$\{\1:-([^}]*)\}"', common, re.MULTILINE))
     differing = {f.name: script_defaults[env_var(f.name)] for f in fields(Tau2Config)
                  if env_var(f.name) in script_defaults and script_defaults[env_var(f.name)] != str(f.default)}
-    assert "user_temperature" in differing  # 0.7 in the scripts, tau2's 0.0 in Tau2Config
+    assert "user_temperature" not in differing  # one default (config.DEFAULT_USER_TEMPERATURE): the GRPO gate's
     for name, value in differing.items():
         (row,) = [line for line in README.splitlines() if line.startswith(f"| `{env_var(name)}` |")]
         assert value in row and "scripts" in row, row

@@ -285,10 +285,11 @@ def grpo_qualification(tmp_path: Path, value: float = 0.0, **settings) -> Path:
     """A qualification summary of the user the GRPO script's defaults configure (common.sh), on the train split of
     its DOMAINS, with `settings` changed."""
     from tau2_rl_pipeline.benchmark.tau2_version import VERSION
+    from tau2_rl_pipeline.config import DEFAULT_USER_TEMPERATURE
     from tau2_rl_pipeline.eval.qualify import FORMAT
 
     base = {"user": "llm", "user_model": "openai/q", "user_api_base": "http://127.0.0.1:30001/v1",
-            "user_temperature": 0.7, "user_strategy": "llm", "user_strategy_max_checks": None,
+            "user_temperature": DEFAULT_USER_TEMPERATURE, "user_strategy": "llm", "user_strategy_max_checks": None,
             "benchmark": {"tau2_version": VERSION}, "domains": ["airline", "retail", "telecom"],
             "task_split": "train"}
     merged = {k: v for k, v in {**base, **settings}.items() if v != "DROP"}  # "DROP": an older summary's settings
@@ -321,7 +322,7 @@ def test_grpo_requires_a_qualified_user_simulator_when_asked(tmp_path: Path) -> 
     ({"domains": ["mock"], "task_split": "base"}, {}, "but this run trains on airline (train split), retail (train"),
     ({"task_split": "test"}, {}, "on the 'test' split, but this run trains on airline (train split)"),
     ({}, {"TAU2_USER_STRATEGY": "react"}, "qualified user_strategy 'llm', but this run has TAU2_USER_STRATEGY='react'"),
-    ({}, {"TAU2_USER_TEMPERATURE": "0"}, "has TAU2_USER_TEMPERATURE=0.0"),
+    ({}, {"TAU2_USER_TEMPERATURE": "0.7"}, "has TAU2_USER_TEMPERATURE=0.7"),
     ({"user_api_base": "http://10.0.0.1:30001/v1"}, {}, "has TAU2_USER_API_BASE='http://127.0.0.1:30001/v1'"),
     ({"benchmark": {"tau2_version": "0.9"}}, {}, "qualified on tau2_version '0.9'"),
     ({"user_temperature": "DROP", "user_strategy": "DROP"}, {}, "records no user_temperature (TAU2_USER_TEMPERATURE)")])

@@ -13,6 +13,7 @@ from tau2_rl_pipeline.benchmark.user_monitors import (
     USER_ECHOED,
     USER_EMPTY,
     USER_LEAKED,
+    USER_LOOPED,
     USER_NEVER_ENDED,
     USER_OTHER_LANGUAGE,
     USER_STOPPED_AT_ONCE,
@@ -71,6 +72,16 @@ def test_a_well_behaved_user_has_no_cause_and_its_turns_and_length_are_counted()
     ([agent(GREETING), user("请帮我取消预订 ABC123，谢谢你们的帮助")], "agent_stop", USER_OTHER_LANGUAGE),
     ([agent(GREETING), user("Cancel reservation ABC124 for user mia_li_3669.")], "agent_stop", USER_WRONG_FACTS),
     ([agent(GREETING), user("###STOP###")], "user_stop", USER_STOPPED_AT_ONCE),
+    ([agent(GREETING), user("###TRANSFER###")], "user_stop", USER_STOPPED_AT_ONCE),  # an immediate transfer
+    ([agent(GREETING), user("Hello there, I hope you are having a lovely day!"), agent("You too! What can I do?"),
+      user("Oh, it was nice talking to you. Bye! ###STOP###")], "user_stop", USER_STOPPED_AT_ONCE),  # talk, no request
+    ([agent(GREETING), user("Hi, my name is Morgan Avery and I need to cancel ABC123.")], "agent_stop",
+     USER_WRONG_FACTS),  # a name of its own accord that the scenario does not hold
+    ([agent("Could you tell me the reservation you would like to cancel, please?"),
+      user("Could I tell you that reservation I would like to cancel, kindly?")], "agent_stop", USER_ECHOED),
+    ([agent(GREETING)] + [m for _ in range(4) for m in (user("I want to cancel ABC123, can you help?"),
+                                                         agent("Sure, what is your user id?"))], "agent_stop",
+     USER_LOOPED),
     ([agent(GREETING), user("I want to cancel ABC123."), agent("Sure, anything else?"), user("Yes, more.")],
      "max_steps", USER_NEVER_ENDED),
 ])
@@ -88,6 +99,35 @@ def test_what_is_not_a_misbehaviour() -> None:
     assert identifiers("on the 26th at 3pm, flight HAT271, order #W2378156, call 555-123-2002") == \
         ["HAT271", "#W2378156", "555-123-2002"]
     assert not other_language("I'd like to book a flight to Madrid and Paris please, with my wife Lucía.")
+
+
+def test_what_is_not_a_misbehaviour_either() -> None:
+    """A confirmation close to the agent's question says yes; the scripted user's "I did that. What next?" after each
+    device step is no loop (its own tool calls come between); the scenario's own name (through the user id) is no
+    invented fact; the request stated in other words; a name one letter off the scenario's is."""
+    call = ToolCall(id="u1", name="toggle_airplane_mode", arguments={}, requestor="user")
+    step = UserMessage(role="user", content=None, tool_calls=[call])
+    messages = [agent(GREETING), user("Hi, I'm Mia Li. I'd like to cancel my reservation ABC123."),
+                agent("Shall I go ahead with the cancellation?"), user("Yes, please go ahead with the cancellation."),
+                *[m for _ in range(4) for m in (agent("Please toggle airplane mode now."), step,
+                                                ToolMessage(id="u1", role="tool", content="ok", requestor="user"),
+                                                user("I did that. What next?"))], user("###STOP###")]
+    got = user_monitors(messages, SCENARIO, "user_stop")
+    assert user_causes(got) == [] and got["looped"] == 1 and got["echoes"] == 0
+    named = Scenario(text="Cancel ABC123. Your user id is sophia_silva_7557.", request="cancel ABC123")
+    assert user_monitors([agent(GREETING), user("Sophia Silva here, cancel ABC123.")], named, "agent_stop")[
+        "invented_facts"] == []
+    assert user_monitors([agent(GREETING), user("Please cancel ABC123 for Sophia Silvb.")], named, "agent_stop")[
+        "invented_facts"] == ["Silvb"]
+
+
+def test_leakage_of_a_short_hidden_text() -> None:
+    """A persona shorter than the 6-word runs (tau2's can be a few words) is one run of its own length."""
+    shy = Scenario(text="You are shy, rigid. Cancel ABC123.", request="cancel ABC123", hidden=("You are shy, rigid.",))
+    recital = user_monitors([agent(GREETING), user("You are shy, rigid. Cancel ABC123.")], shy, "agent_stop")
+    assert recital["leakage"] == 1.0 and user_causes(recital) == [USER_LEAKED]
+    said = user_monitors([agent(GREETING), user("I am a bit shy. Cancel ABC123.")], shy, "agent_stop")
+    assert said["leakage"] == 0.0 and leakage(["be nice"], ["Be nice."]) == 0.0  # 2 words: said in passing
 
 
 def test_leakage_is_the_largest_share_of_a_hidden_text_repeated() -> None:

@@ -21,7 +21,7 @@ call) is left out, as it is not the policy's doing:
 - transfers: calls to transfer_to_human_agents;
 - ended_by: "agent" (agent stop), "user" (user stop) or "limit" (any other ending: limits, truncation);
 - max_turns / max_errors: the episode ended at a turn or step limit / at tau2's error limit;
-- refused: some agent text declines a request (refusal.is_refusal: clause-level patterns, a heuristic measured
+- refused: some agent text declines a request (refusal.is_refusal: rules over clause structure, a heuristic measured
   on a labelled corpus, counted, never scored);
 - action_checked: the task's reward basis includes ACTION (else an over-action cannot cost reward).
 `batch_monitors` turns a batch of these (with each episode's success) into means and shares, among them the

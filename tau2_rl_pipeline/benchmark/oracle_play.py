@@ -7,7 +7,9 @@ included (a user can sink an episode that still scores 1.0): the qualification o
 The oracle's moves are completions as a policy would write them, through the same Episode (`act` / `aact`):
 - first, for each fact the gold actions need that the scenario states (scenario.py: ids, names, reasons, choices)
   and the user has not said yet, a question (`probe_question`); the answer must state the scenario's value, else
-  the user gave facts that differ from the scenario;
+  the user gave facts that differ from the scenario (a user that ends the conversation instead has not answered:
+  its cause is the ending). What the user volunteers unasked is the monitors' to check (user_monitors.py: an
+  identifier or a name that the scenario does not hold);
 - each agent gold action is a tool call; a user-side gold action (telecom's device steps) is asked for in words
   ("Please toggle airplane mode now, with {...}."; no other word, which the scripted user could take for another
   step), up to ASKS times, and counted as done when the user makes the matching tool call (tau2's
@@ -31,7 +33,13 @@ from tau2_rl_pipeline.benchmark.actions import render_assistant_text
 from tau2_rl_pipeline.benchmark.episode import AGENT_STOP_TOKEN, Episode
 from tau2_rl_pipeline.benchmark.oracle import final_message, gold_actions
 from tau2_rl_pipeline.benchmark.scenario import probe_question, scenario_of, states
-from tau2_rl_pipeline.benchmark.user_monitors import USER_CAUSES, USER_NEVER_ENDED, USER_WRONG_FACTS, user_causes
+from tau2_rl_pipeline.benchmark.user_monitors import (
+    USER_CAUSES,
+    USER_LOOPED,
+    USER_NEVER_ENDED,
+    USER_WRONG_FACTS,
+    user_causes,
+)
 
 ASKS = 2  # times the oracle asks for one device action before it goes on without it
 TRANSFER_TOKENS = ("###TRANSFER###", "###OUT-OF-SCOPE###")  # tau2's user-side endings other than ###STOP###
@@ -90,6 +98,8 @@ def oracle_moves(episode: Episode, notes: OracleNotes) -> Iterator[str]:
         yield probe_question(fact)
         notes.probed += 1
         if not any(states(text, fact.value) for text in user_texts(episode.messages[before:])):
+            if episode.done:  # no answer is no wrong answer: the user ended it, which is its own cause
+                return
             notes.wrong_facts.append(fact.label)
     for action in gold_actions(task):
         if episode.done:
@@ -150,7 +160,7 @@ def failure_cause(notes: OracleNotes, n_gold: int, termination_reason: str, last
     """Why an oracle episode failed (one of CAUSES), or None when it succeeded. A user-side ending counts first (a
     transfer or out-of-scope token, a stop before the gold actions were done, or before the closing message), then
     a device action never performed, then tau2's limits; a complete conversation that still scored below 1 is the
-    evaluator's disagreement (a task fault when it happens under every simulator)."""
+    evaluator's disagreement (a task set aside when it happens under every simulator and the gold replay)."""
     if success:
         return None
     if termination_reason == "user_stop":
@@ -171,12 +181,15 @@ def episode_causes(notes: OracleNotes, monitors: dict, n_gold: int, termination_
                    last_user_text: str, success: bool) -> list[str]:
     """Every cause of one oracle episode, most telling first: the user-side monitors' (user_monitors.py) with the
     oracle's own findings (facts that differ, a conversation the user never ended), then, for a failed episode,
-    `failure_cause`. Empty for a clean success."""
+    `failure_cause`; a device step never performed goes before a loop (the oracle asks for each step twice, so a
+    user that will not do them says the same no over and over). Empty for a clean success."""
     found = set(user_causes(monitors))
     found |= {USER_WRONG_FACTS} if notes.wrong_facts else set()
     found |= {USER_NEVER_ENDED} if notes.lingered else set()
     causes = [c for c in USER_CAUSES if c in found]
     failed = failure_cause(notes, n_gold, termination_reason, last_user_text, success)
+    if failed == USER_ACTION_NOT_PERFORMED and USER_LOOPED in causes:  # asked for each step twice, it said no alike
+        causes.insert(causes.index(USER_LOOPED), failed)
     return causes + ([failed] if failed is not None and failed not in causes else [])
 
 

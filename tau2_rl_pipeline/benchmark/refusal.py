@@ -1,53 +1,198 @@
-"""Does an agent message decline what the customer asked? Clause-level patterns, pure, no model.
+"""Does an agent message decline what the customer asked? A few rules over clause structure, pure, no model.
 
-A phrase list ("can't ... make") flags "Let me know if you can't make it" and "I can't find that order"; these
-patterns ask for the agent declining a request instead:
-- the agent (I / we) saying it cannot, is unable, not allowed or not authorised to do a customer-service action
-  (help, cancel, refund, modify, ...: not find, see or tell, which report a lookup, not a decision), or that it
-  must decline, or does not offer / allow something;
-- an action declared impossible in the passive ("cannot be modified", "can no longer be cancelled");
-- a policy cited against the request ("against our policy", "policy doesn't allow", "is not permitted",
-  "not eligible").
-A sentence that is a question is no refusal, and a match is ignored when the sentence before it sets a condition
-or a hypothesis ("if", "unless", "without", "in case", "why", "whether", "let me know"): "If it is not eligible
-I won't be able to refund it" is not yet a refusal. Measured on a labelled corpus (tests/data/refusals.jsonl; its
-precision and recall are in docs/evaluation.md). A heuristic for a monitor: counted, never scored.
+A list of refusal phrases keeps missing the next way of saying no ("I must decline", "I'm afraid that isn't
+possible", "not in a position to") and keeps flagging sentences that only look like one ("I can't find that order",
+"once cancelled it cannot be reinstated. Would you like me to proceed?"). So the rules here describe the grammar of
+a refusal instead of its words. The text is normalised first (lower case, typographic apostrophes, contractions
+spelled out: "can't" -> "can not", "isn't" -> "is not", "I'm" -> "i am"), cut into sentences, and each sentence into
+segments at the points where a new clause takes over (";", ":", a dash, "but", "however", ", so"). A segment
+refuses when one of these holds (`RULES`, each named):
+
+- agent inability: the agent (I / we) with a negated ability, permission or position (can not, am unable to, am not
+  allowed / authorised / permitted / in a position / supposed to, will not be able to, do not have the authority
+  to, have no way to, ...) and then a verb that is a decision (anything but a lookup or a hedge: find, see, locate,
+  verify, tell, hear, guarantee, wait, believe, ...: "I can't find it" reports a lookup, not a refusal);
+- agent unwillingness: I / we will not / am not going to + a verb, in a message that apologises or says "no"
+  ("I won't charge you for that" is good news, "No, I will not waive the fee" is a refusal);
+- a restriction, in a message that apologises or says "no": "Sorry, refunds can only be issued to the original card",
+  "I'm afraid I can only help with one order at a time";
+- declining verbs with the agent as subject: decline, refuse, deny, reject, turn down, say no;
+- impersonal impossibility: "not possible / feasible / an option / permitted / allowed / eligible", "impossible",
+  "ineligible", "can not / can no longer be <participle>" (not found / seen / verified / charged, which report a
+  lookup or reassure), "no changes can be made", "there is no way to", "nothing I can do", "not something I'll
+  do", "outside my authority", "beyond what I am authorised to do", "we do not offer", a request "denied" or
+  "rejected", "does not qualify", "afraid not", "off the table";
+- policy cited against it: "against our policy", "the policy / fare rules do not allow", "policies prohibit",
+  "the system won't let me".
+
+A match does not count when:
+- its segment sets a condition or hypothesis before it (if, unless, in case, whether, let me know, should you, why;
+  not "even if"): "If it is not eligible, I won't be able to refund it" is not yet a refusal;
+- it waits on the customer (until / unless / without / before + confirming, verifying, giving details): "I can't
+  proceed until you confirm" is a step of the procedure;
+- it is a consequence, not a decision: an impersonal impossibility in a clause opening with "once" / "after" / "as
+  soon as" (a "note that" before it aside), or followed at once by one ("can't be changed after it ships"), or one
+  followed in the message by an offer to go ahead with the very action ("Would you like me to proceed?", "Are you
+  sure?", not "... instead?"): "Once cancelled it cannot be reinstated. Would you like me to proceed?";
+- it states the usual rule that the message then sets aside ("Normally ... can't ..., but since ..., I can ...");
+- its segment is itself a question ("Can't I help with something else?", "Is it not possible to ...?"). A refusal
+  inside a question sentence still counts when it is a clause of its own ("I can't change it - would you like a
+  refund instead?", "Since a refund isn't possible, would you like a certificate?").
+
+Measured in tests/test_refusal.py on corpora written against it, and on one written blind by someone who had not read
+these rules (docs/evaluation.md prints the figures). A heuristic for a monitor: counted, never scored.
 """
 
 from __future__ import annotations
 
 import re
 
-_ACTIONS = (r"help|assist|process|proceed|fulfil+|complete|make|change|modify|cancel|book|provide|issue|offer"
-            r"|grant|approve|do|honou?r|waive|override|refund|reimburse|compensate|upgrade|downgrade|exchange"
-            r"|return|add|remove|update|accommodate|transfer|send|share|give|apply|lift|unlock|resume|enable"
-            r"|reactivate|extend|refuel|switch|look|accept|allow|authori[sz]e|reverse|reinstate")
-_PASSIVE = (r"modified|changed|cancell?ed|refunded|returned|exchanged|upgraded|downgraded|booked|enabled|processed"
-            r"|waived|removed|added|transferred|issued|resumed|reactivated|unlocked|lifted|applied|reversed|made"
-            r"|granted|honou?red|extended|refuelled|refueled|reinstated|combined|split")
-_UNABLE = (r"can ?not|can't|can no longer|could ?not|couldn't|(?:'m|am|'re|are) (?:not able|unable)"
-           r"|(?:won't|will not) be able|(?:'m|am|'re|are) not (?:allowed|permitted|authori[sz]ed)"
-           r"|(?:don't|do not) have (?:the )?(?:ability|authority|permission|means)")
-DECLINE = re.compile(
-    rf"\b(?:I|we)(?: (?:really|simply|unfortunately|truly|just|also))? ?(?:{_UNABLE})(?: to)?(?: \w+ly)?"
-    rf" (?:{_ACTIONS})\b"
-    r"|\b(?:I|we) (?:(?:have|must|need) to|(?:'m|am) going to have to|(?:'ll|will) have to) decline\b"
-    r"|\bwe (?:don't|do not) (?:offer|allow|permit|provide|issue|accept)\b"
-    r"|(?:\bnot|n't) something (?:I|we) (?:can|(?:'m|am|'re|are) able to)\b|\boutside (?:of )?what (?:I|we) can\b"
-    rf"|\b(?:{_UNABLE}) be (?:{_PASSIVE})\b"
-    r"|\bagainst (?:our|the|company|airline)? ?polic|\bpolic(?:y|ies) (?:doesn't|does not|don't|do not)"
-    r" (?:allow|permit)|\b(?:not|isn't|aren't) (?:allowed|permitted|eligible)\b",
-    re.IGNORECASE)
-HYPOTHETICAL = re.compile(r"\b(?:if|unless|without|in case|whether|why|let me know)\b", re.IGNORECASE)
+# -- normalising --------------------------------------------------------------------------------------------------
+_SPELLED = ((r"\bcan't\b|\bcannot\b", "can not"), (r"\bwon't\b", "will not"), (r"\bshan't\b", "shall not"),
+            (r"\b(\w+)n't\b", r"\1 not"), (r"\bi'm\b", "i am"), (r"\b(we|you|they)'re\b", r"\1 are"),
+            (r"\b(\w+)'ll\b", r"\1 will"), (r"\b(\w+)'ve\b", r"\1 have"),
+            (r"\b(i|we|you|they|it|that)'d\b", r"\1 would"),
+            (r"\b(it|that|there|this|here|what|which|who|he|she)'s\b", r"\1 is"))
+
+
+def normalise(text: str) -> str:
+    """Lower case, straight apostrophes and dashes spaced, contractions spelled out, spaces collapsed."""
+    out = text.replace("\u2019", "'").replace("\u2018", "'").lower()
+    for pattern, spelled in _SPELLED:
+        out = re.sub(pattern, spelled, out)
+    return re.sub(r"[ \t]+", " ", out)
+
+
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+|\n+")  # not inside "$12.40" or "#W1234.5"
+_SEGMENT_BREAK = re.compile(r";|:|\s[-\u2013\u2014]+\s|\u2014|\s--\s|,?\s\b(?:but|however|although|though)\b"
+                            r"|,\s(?:so|and so|since|because|given that|seeing that)\b")
+
+# -- the rules ----------------------------------------------------------------------------------------------------
+_ADV = r"(?: (?:really|simply|unfortunately|truly|just|also|still|currently|certainly|definitely|personally|actually"\
+       r"|therefore|thus|now|sadly|honestly|possibly|afraid|then|even|at this time|at this point|right now),?){0,3}"
+_NEG_ABILITY = (r"can not|can no longer|could not possibly|must not|shall not|(?:am|are) (?:not able|unable|not allowed"
+                r"|not permitted|not authori[sz]ed|not in a position|not supposed|no longer able|not going to be able)"
+                r"|(?:am|are) unable|would (?:not be able|be unable)|will (?:not be able|be unable|not be allowed"
+                r"|not be permitted)|(?:do not|does not) have (?:the |any )?(?:ability|authority|authori[sz]ation"
+                r"|permission|power|option|means|capability|clearance|tools?)|have no (?:way|ability|authority|option"
+                r"|means|power)")
+# verbs after "I can't" that report a lookup or hedge, not a decision on the request
+_NOT_A_DECISION = frozenset(
+    "find locate see spot tell say hear understand wait believe thank stress emphasize emphasise overstate imagine "
+    "recall remember guarantee promise predict know be seem verify confirm identify access retrieve pull reach load "
+    "open read display detect match figure determine speak comment only quite fully always".split())
+_LOOKUP_PAIRS = {("help", "but"), ("look", "up"), ("look", "for"), ("pull", "up"), ("make", "out")}
+_DECIDE_AFTER = rf"(?: to)?{_ADV} (?P<verb>\w+)(?P<next> \w+)?"
+AGENT_UNABLE = re.compile(rf"\b(?:i|we){_ADV} (?:{_NEG_ABILITY}){_DECIDE_AFTER}")
+AGENT_UNWILLING = re.compile(rf"\b(?:i|we){_ADV} (?:will not|would not|am not going to|are not going to)"
+                             rf"{_DECIDE_AFTER}")
+AGENT_RESTRICTED = re.compile(rf"\b(?:i|we){_ADV} (?:can|am|are) only(?: able to)?{_DECIDE_AFTER}"
+                              r"|\b(?:can|may) only be (?P<participle>\w+(?:ed|en|wn|ne|de|lt|id|ft|pt|ld|nt|ot|it))\b")
+APOLOGY_OR_NO = re.compile(r"\b(?:sorry|afraid|unfortunately|apologi[sz]e|regret\w*|sadly)\b|^\s*no\b")
+DECLINING_VERB = re.compile(r"\b(?:i|we)\b(?: (?!not\b|never\b)[\w,]+){0,5}? (?:decline|refuse|deny|reject"
+                            r"|turn (?:down|(?:it|this|that|your request|the request) down)|say no)\b")
+IMPERSONAL = re.compile(
+    r"\b(?:not (?:be )?(?:possible|feasible|doable|an option|allowed|permitted|eligible|authori[sz]ed|supported)"
+    r"|(?<!not )(?:impossible|ineligible))\b(?: (?:for (?:me|us) )?to (?P<hedge>\w+))?"
+    r"|\bcan (?:not|no longer) be (?P<participle>\w+(?:ed|en|wn|ne|de|lt|id|ft|pt|ld|nt|ot|it))\b"
+    r"|\b(?:not|never) (?:something|anything) (?:that )?(?:our|the) (?:policy|policies|rules|terms|fare|plan)"
+    r" (?:covers|allows|permits|includes)\b|\banswer (?:has to be|is|must be|will have to be|would be) no\b"
+    r"|\bthere (?:is|are) no (?:way|option|means|possibility) (?:to|for (?:me|us|you) to|(?:i|we) can)\b"
+    r"|\b(?:nothing|not much|not anything)(?: (?:more|else|further))? (?:that )?(?:i|we) (?:can|could|am able to"
+    r"|are able to) (?:do|offer)\b|\b(?:i|we) can do nothing\b"
+    r"|\b(?:not|never) (?:something|anything) (?:that )?(?:i|we) (?:can|could|will|would|am able to|are able to|do"
+    r"|offer|allow|support|am allowed to|are allowed to|am going to)\b"
+    r"|\b(?:outside|beyond) (?:of )?(?:what (?:i|we) (?:can|could|am|are)\b|(?:my|our) "
+    r"(?:authority|scope|remit|abilities|ability|power|policy|policies))\b"
+    r"|\bwe (?:do not|no longer|never) (?:offer|allow|permit|provide|issue|accept|support|do|give|grant|honou?r"
+    r"|make exceptions)\b"
+    r"|\b(?:request|claim|application|appeal|exception)\b(?: [\w-]+){0,10}? (?:is|was|has been|have been|must be"
+    r"|will be|would be) (?:denied|declined|rejected|refused|not approved)\b"
+    r"|\bno (?:\w+ ){0,2}can be (?P<no_participle>\w+(?:ed|en|wn|ne|de|lt|id|ft|pt|ld|nt|ot|it))\b"
+    r"|\b(?:does|do|will) not (?:qualify|meet the (?:criteria|requirements|conditions))\b"
+    r"|\b(?:afraid|sorry|unfortunately),? (?:not|no)\b|\bwish (?:i|we) could\b|\bhands are tied\b"
+    r"|\boff the table\b|\bout of the question\b")
+_LOOKUP_OR_REASSURANCE = frozenset("found located seen spotted verified confirmed reached guaranteed charged billed "
+                                   "affected impacted lost overstated stressed emphasized".split())
+POLICY = re.compile(
+    r"\bagainst (?:our|the|company|airline|store|this)? ?(?:policy|policies|rules|terms)\b"
+    r"|\b(?:policy|policies|rules|terms|regulations|guidelines|conditions|system) (?:do|does|will|would) not (?:allow"
+    r"|permit|let|cover|support)\b"
+    r"|\b(?:policy|policies|rules|terms|regulations) (?:prohibit|forbid|prevent|preclude|disallow)s?\b"
+    r"|\b(?:will|would|does|do) not (?:let (?:me|us)|allow|permit)\b")
+RULES = {"agent inability": AGENT_UNABLE, "agent unwillingness": AGENT_UNWILLING,
+         "restriction, with an apology": AGENT_RESTRICTED, "declining verb": DECLINING_VERB,
+         "impersonal impossibility": IMPERSONAL, "policy cited": POLICY}
+
+# -- what a match is not ------------------------------------------------------------------------------------------
+HYPOTHETICAL = re.compile(r"(?<!even )\b(?:if|unless|in case|whether|let me know|should you|in the event"
+                          r"|suppose|what if)\b|(?<!that is )(?<!this is )(?<!which is )(?<!explain )\bwhy\b")
+WAITS_ON_CUSTOMER = re.compile(r"\b(?:until|unless|without|before)\b(?: \S+){0,6}? (?:confirm\w*|verif\w*"
+                               r"|authenticat\w*"
+                               r"|consent|approv\w*|permission|go-ahead|go ahead|identity|provid\w*|details|user id"
+                               r"|say so|tell me|give me|share)")
+CONSEQUENCE_OPENER = re.compile(r"^\W*(?:(?:just so you know|(?:please )?(?:note|keep in mind|remember|be aware)"
+                                r"(?: that)?),? )?(?:once|after|as soon as)\b")
+OFFER_TO_PROCEED = re.compile(r"\b(?:would you like (?:me )?to (?:proceed|go ahead|continue|confirm)|do you (?:still )?"
+                              r"(?:want|wish) (?:me )?to (?:proceed|go ahead|continue)"
+                              r"|shall i (?:proceed|go ahead|continue)"
+                              r"|should i (?:proceed|go ahead|continue)|are you sure|please confirm|can you confirm"
+                              r"|could you confirm|ready to proceed)\b")
+CONDITION_AFTER = re.compile(r"\W*(?:once|after|as soon as)\b")  # "can't be changed after it ships": a rule ahead
+INSTEAD = re.compile(r"\b(?:instead|alternative|other option|rather)\b")
+USUAL_RULE = re.compile(r"\b(?:normally|usually|typically|generally|ordinarily|in general|as a rule|in most cases)\b")
+EXCEPTION_MADE = re.compile(r"\b(?:but|however)\b.*\b(?:i|we) (?:can|will|am able to|are able to|have|could)"
+                            r"(?! not)\b")
+QUESTION_OPENER = re.compile(r"^\W*(?:can|could|would|will|is|are|am|do|does|did|shall|should|may|might|why|how|what"
+                             r"|when|where|which|who|have|has|was|were)\b")
+
+
+def _counts(rule: str, match: re.Match, segment: str, message_after: str) -> bool:
+    """Whether one rule's match, in its segment, is a refusal (module docstring: what a match is not)."""
+    verb = match.groupdict().get("verb")
+    before, after = segment[:match.start()], segment[match.end("verb") if verb else match.end():]
+    if HYPOTHETICAL.search(before) or WAITS_ON_CUSTOMER.search(after[:80]):
+        return False
+    if verb is not None:
+        nxt = (match.group("next") or "").strip()
+        if verb == "be" and nxt.endswith("ing"):  # "I won't be refunding it": the verb is the next one
+            verb, nxt = nxt, ""
+        if verb in _NOT_A_DECISION or (verb, nxt) in _LOOKUP_PAIRS or verb == "not":
+            return False
+    groups = match.groupdict()
+    if (groups.get("participle") or groups.get("no_participle")) in _LOOKUP_OR_REASSURANCE \
+            or groups.get("hedge") in _NOT_A_DECISION:
+        return False  # "cannot be found", "impossible to predict": a lookup or a hedge
+    if rule == "impersonal impossibility" and (
+            CONSEQUENCE_OPENER.search(before) or CONDITION_AFTER.match(after)
+            or any(OFFER_TO_PROCEED.search(s) and not INSTEAD.search(s) for s in _SENTENCE_END.split(message_after))):
+        return False
+    return True
+
+
+def refusal_rule(text: str) -> str | None:
+    """The name of the first rule (RULES) by which some clause of `text` refuses, or None."""
+    plain = normalise(text)
+    sentences = [s for s in _SENTENCE_END.split(plain) if s.strip()]
+    for i, sentence in enumerate(sentences):
+        later = " ".join(sentences[i + 1:])
+        question = sentence.rstrip().endswith("?")
+        cuts = [0, *(m.end() for m in _SEGMENT_BREAK.finditer(sentence)), len(sentence)]
+        usual = USUAL_RULE.search(sentence) and EXCEPTION_MADE.search(sentence + " " + later)
+        for start, end in zip(cuts, cuts[1:]):
+            segment = sentence[start:end]
+            if question and QUESTION_OPENER.search(segment):
+                continue
+            message_after = sentence[end:] + " " + later
+            for name, rule in RULES.items():
+                if rule in (AGENT_UNWILLING, AGENT_RESTRICTED) and not APOLOGY_OR_NO.search(plain):
+                    continue
+                for match in rule.finditer(segment):
+                    if not usual and _counts(name, match, segment, message_after):
+                        return name
+    return None
 
 
 def is_refusal(text: str) -> bool:
-    """Some sentence of `text`, not a question, declines a request with no condition set before the decline."""
-    text = text.replace("\u2019", "'").replace("\u2018", "'")
-    for sentence in _SENTENCE_END.split(text):
-        if sentence.rstrip().endswith("?"):
-            continue
-        if any(not HYPOTHETICAL.search(sentence[:m.start()]) for m in DECLINE.finditer(sentence)):
-            return True
-    return False
+    """Some clause of `text` declines a request (module docstring)."""
+    return refusal_rule(text) is not None

@@ -150,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     result["runs"] = {"a": {"name": names[0], "summary": str(args.run_a)},
                       "b": {"name": names[1], "summary": str(args.run_b)}}
-    result["warnings"] = [w for run in runs for w in run["warnings"]]
+    result["warnings"] = list(dict.fromkeys(w for run in runs for w in run["warnings"]))  # one run given twice: once
     print("\n".join([*(f"WARNING: {w}" for w in result["warnings"]), *verdict_lines(*names, result)]))
     if args.json is not None:
         atomic_write_text(args.json, json.dumps(result, indent=2) + "\n")

@@ -10,10 +10,18 @@ task x --num-samples against the user simulator the evaluator and the GRPO rollo
 llm: tau2's user over litellm or the asynchronous client, an SGLang user server included, as TAU2_USER_* say). The
 agent is perfect, so every failure is the simulator's or the task's, and the user-side monitors
 (benchmark/user_monitors.py) flag a misbehaving user even in an episode that scored 1.0: per domain, the rate of bad
-(failed or flagged) episodes with a 95% bootstrap CI over tasks, broken down by cause, and apart from it the task
-faults: tasks that fail under every simulator, the user-free gold replay included (and every --against run).
-Writes the evaluator's files (<output>, <output>.episodes.jsonl, <stem>.<domain>.tau2.json) and prints a one-screen
-verdict: QUALIFIED when that rate over all tasks but the task faults is at most --max-failure-rate.
+(failed or flagged) episodes with a 95% bootstrap CI over tasks, broken down by cause, and apart from it the tasks
+set aside: those that fail under every simulator (every --against run too) and again when their gold actions are
+replayed without a user: a task fault, or, for a task that gives no gold actions at all (mock's
+update_task_with_history_and_env_assertions: an agent that completes the task scores 1.0), a task the oracle
+cannot play. Each failing task is replayed once, one after another, which makes a failing user's run slower than a
+good one's (a second or so per airline task); the replays stop as soon as the verdict is settled (the failure rate
+is over the bound even if every task not yet replayed were set aside), and the tasks left unreplayed count as the
+user's failures. Per domain it also shows the user's words per message beside the reference user's (the scripted
+user on the same tasks): a long-winded user is not refused, since the rewards stay right, but its messages fill the
+policy's context. Writes the evaluator's files (<output>, <output>.episodes.jsonl, <stem>.<domain>.tau2.json) and
+prints a one-screen verdict: QUALIFIED when the rate over all tasks but those set aside is at most
+--max-failure-rate.
 scripts/train_grpo.sh can require it (GRPO_USER_QUALIFICATION, GRPO_MAX_USER_FAILURE_RATE: `--check`, which
 eval/qualify_gate.py runs against the whole user configuration, tau2 version, domains and splits of the run).
 Exit codes: 0 qualified, 1 not qualified, 2 bad setup (nothing written).
@@ -23,13 +31,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import sys
 import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from tau2.data_model.tasks import Task
 from tau2.utils.utils import get_now
 
 import tau2_rl_pipeline  # noqa: F401  (offline litellm and quiet tau2 logging before tau2 loads)
@@ -41,7 +51,7 @@ from tau2_rl_pipeline.benchmark.scenario import scenario_of
 from tau2_rl_pipeline.benchmark.tasks import TaskLookupError
 from tau2_rl_pipeline.benchmark.tau2_version import benchmark_id, needs_judge
 from tau2_rl_pipeline.benchmark.user_monitors import user_monitors
-from tau2_rl_pipeline.benchmark.users import UserConfigError, make_user_factory
+from tau2_rl_pipeline.benchmark.users import ScriptedUser, UserConfigError, make_user_factory
 from tau2_rl_pipeline.config import ConfigError, config_from_args
 from tau2_rl_pipeline.eval.args import csv_list
 from tau2_rl_pipeline.eval.episodes_file import EpisodesFile, atomic_write_text, read_episodes, secret_values
@@ -55,9 +65,12 @@ from tau2_rl_pipeline.http_post import first_unreachable
 from tau2_rl_pipeline.metrics import bootstrap_ci, is_success
 
 MAX_EXAMPLES = 5
+TASK_FAULT = "task fault"  # its own gold actions, replayed without a user, fail its check
+ORACLE_CANNOT_PLAY = "oracle cannot play"  # it gives no gold actions, and its check wants the state changed
+LONG_WINDED = 5.0  # words per message, as a multiple of the reference user's, from which the report says so
 
 # ---------------------------------------------------------------------------------------------------
-# Pure: records -> failure rates, causes, task faults, verdict
+# Pure: records -> failure rates, causes, tasks set aside, verdict
 
 def failing_tasks(records: Sequence[dict]) -> set[tuple[str, str]]:
     """(domain, task id) of the tasks whose every scored episode failed."""
@@ -89,29 +102,53 @@ def failure_rate(records: Sequence[dict]) -> dict[str, Any]:
             "n_tasks": len(by_task)}
 
 
-def qualification(records: Sequence[dict], faults: set[tuple[str, str]], max_failure_rate: float) -> dict[str, Any]:
-    """Per domain and overall: failure rate over the tasks that are not task faults, the causes of those failures
-    (episodes, example task ids), the task faults apart; the verdict against `max_failure_rate`."""
+def settled(records: Sequence[dict], unsure: set[tuple[str, str]], max_failure_rate: float) -> bool:
+    """Whether the verdict is NOT QUALIFIED whichever of the `unsure` tasks are set aside: the failure rate without
+    all of them is already over the bound (a task left in whose every episode failed only raises it)."""
+    rest = failure_rate([r for r in records if r["status"] != "aborted" and (r["domain"], r["task_id"]) not in unsure])
+    return rest["value"] is not None and rest["value"] > max_failure_rate
+
+
+def mean_words(records: Sequence[dict]) -> float | None:
+    said = [r["user_monitors"].get("user_mean_words", 0.0) for r in records if r.get("user_monitors")]
+    return sum(said) / len(said) if said else None
+
+
+def qualification(records: Sequence[dict], set_aside: Mapping[tuple[str, str], str], max_failure_rate: float,
+                  not_replayed: Iterable[tuple[str, str]] = (),
+                  reference_words: Mapping[str, float] | None = None) -> dict[str, Any]:
+    """Per domain and overall: failure rate over the tasks not set aside, the causes of those failures (episodes,
+    example task ids), the tasks set aside by why (TASK_FAULT, ORACLE_CANNOT_PLAY), the failing tasks never replayed
+    (counted as failures), the user's words per message and the reference user's; the verdict against
+    `max_failure_rate`."""
     scored = [r for r in records if r["status"] != "aborted"]
+    skipped = set(not_replayed)
     domains: dict[str, Any] = {}
     for domain in sorted({r["domain"] for r in records}):
         mine = [r for r in scored if r["domain"] == domain]
-        kept = [r for r in mine if (domain, r["task_id"]) not in faults]
+        kept = [r for r in mine if (domain, r["task_id"]) not in set_aside]
         causes = {}
         for cause in CAUSES:
             hits = [r["task_id"] for r in kept if r["qualify_cause"] == cause]
             if hits:
                 causes[cause] = {"episodes": len(hits), "example_task_ids": list(dict.fromkeys(hits))[:MAX_EXAMPLES]}
-        domains[domain] = {"failure_rate": failure_rate(kept), "causes": causes,
-                           "task_faults": sorted(t for d, t in faults if d == domain),
-                           "aborted": sum(r["domain"] == domain and r["status"] == "aborted" for r in records)}
-    overall = failure_rate([r for r in scored if (r["domain"], r["task_id"]) not in faults])
+        domains[domain] = {
+            "failure_rate": failure_rate(kept), "causes": causes,
+            "task_faults": sorted(t for (d, t), why in set_aside.items() if d == domain and why == TASK_FAULT),
+            "oracle_cannot_play": sorted(t for (d, t), why in set_aside.items()
+                                         if d == domain and why == ORACLE_CANNOT_PLAY),
+            "not_replayed": sorted(t for d, t in skipped if d == domain),
+            "user_words_per_message": mean_words(kept),
+            "reference_words_per_message": (reference_words or {}).get(domain),
+            "aborted": sum(r["domain"] == domain and r["status"] == "aborted" for r in records)}
+    overall = failure_rate([r for r in scored if (r["domain"], r["task_id"]) not in set_aside])
     qualified = overall["value"] is not None and overall["value"] <= max_failure_rate
     return {"domains": domains, "overall": overall, "max_failure_rate": max_failure_rate, "qualified": qualified}
 
 
 def verdict_lines(result: dict[str, Any], user: str) -> list[str]:
-    """The one-screen verdict: per domain the failure rate, its causes and the task faults, then QUALIFIED or not."""
+    """The one-screen verdict: per domain the failure rate, its causes, the tasks set aside and the user's message
+    length, then QUALIFIED or not."""
     def rate(entry: dict[str, Any]) -> str:
         if entry["value"] is None:
             return "no scored episode"
@@ -129,9 +166,32 @@ def verdict_lines(result: dict[str, Any], user: str) -> list[str]:
         if d["task_faults"]:
             lines.append(f"    task faults (fail under every simulator, gold replay included; not counted): "
                          f"{', '.join(d['task_faults'])}")
+        if d.get("oracle_cannot_play"):
+            lines.append(f"    the oracle cannot play (no gold actions to play; fail under every simulator; not "
+                         f"counted): {', '.join(d['oracle_cannot_play'])}")
+        if d.get("not_replayed"):
+            lines.append(f"    failing tasks not replayed (the verdict was settled without them; counted as the "
+                         f"user's failures): {len(d['not_replayed'])}")
+        lines += length_lines(d)
     overall = result["overall"]
     verdict = "QUALIFIED" if result["qualified"] else "NOT QUALIFIED"
-    lines.append(f"{verdict}: failure {rate(overall)} (task faults apart) vs at most {result['max_failure_rate']}")
+    lines.append(f"{verdict}: failure {rate(overall)} (tasks set aside apart) vs at most {result['max_failure_rate']}")
+    return lines
+
+
+def length_lines(domain: Mapping[str, Any]) -> list[str]:
+    """The user's words per message beside the reference user's, and a note when it is LONG_WINDED times longer."""
+    mine, reference = domain.get("user_words_per_message"), domain.get("reference_words_per_message")
+    if mine is None:
+        return []
+    if not reference:
+        return [f"    user words per message: {mine:.1f}"]
+    ratio = mine / reference
+    lines = [f"    user words per message: {mine:.1f} (the reference scripted user on these tasks: {reference:.1f}; "
+             f"{ratio:.1f}x)"]
+    if ratio >= LONG_WINDED:
+        lines.append(f"    note: {ratio:.0f}x the reference user's length: not refused (the oracle's episodes and "
+                     "their rewards are right), but each message fills the policy's context")
     return lines
 
 
@@ -174,14 +234,11 @@ async def run_oracle(pending: Sequence[tuple[str, Any, int]], user_factory: Any,
         async with gate:
             ep_seed = episode_seed(seed, domain, task.id, sample)
             started, t0 = get_now(), time.perf_counter()
-            environment = build_environment(domain, cfg.fast_env, task=task, retrieval_variant=cfg.retrieval_variant)
-            user = user_factory(task, environment)
-            user.set_seed(ep_seed)
-            episode = Episode(domain, task, user, max_steps=cfg.max_steps, max_errors=cfg.max_errors,
-                              environment=environment, fast=cfg.fast_env, retrieval_variant=cfg.retrieval_variant)
+            episode = oracle_episode(domain, task, user_factory, cfg)
+            episode.user.set_seed(ep_seed)
             notes, reward_info, error = None, None, None
             try:
-                if callable(getattr(user, "agenerate_next_message", None)):
+                if callable(getattr(episode.user, "agenerate_next_message", None)):
                     notes = await aplay(episode)
                 else:
                     notes = await asyncio.to_thread(play, episode)
@@ -199,10 +256,49 @@ async def run_oracle(pending: Sequence[tuple[str, Any, int]], user_factory: Any,
             await closing()
 
 
-def replay_faults(plan_tasks: dict[str, list[Any]], failing: set[tuple[str, str]]) -> set[tuple[str, str]]:
-    """Of the tasks failing here, those whose user-free gold replay (benchmark/oracle.py) fails as well."""
+def oracle_episode(domain: str, task: Any, user_factory: Any, cfg: Any) -> Episode:
+    """A fresh episode of `task` with the user `user_factory(task, environment)` makes, as the run configures it."""
+    environment = build_environment(domain, cfg.fast_env, task=task, retrieval_variant=cfg.retrieval_variant)
+    return Episode(domain, task, user_factory(task, environment), max_steps=cfg.max_steps, max_errors=cfg.max_errors,
+                   environment=environment, fast=cfg.fast_env, retrieval_variant=cfg.retrieval_variant)
+
+
+def reference_words(plan_tasks: Mapping[str, Sequence[Any]], cfg: Any) -> dict[str, float]:
+    """The reference user's mean words per message per domain: the scripted user against the oracle, one episode
+    per task, not scored (tau2's evaluator is the slow part, and only the user's words are wanted)."""
+    out = {}
+    for domain, tasks in plan_tasks.items():
+        said = []
+        for task in tasks:
+            episode = oracle_episode(domain, task, lambda task, environment: ScriptedUser(task), cfg)
+            play(episode)
+            said.append(user_monitors(episode.messages, scenario_of(task), "")["user_mean_words"])
+        out[domain] = sum(said) / len(said) if said else 0.0
+    return out
+
+
+def set_aside_tasks(plan_tasks: Mapping[str, Sequence[Any]], failing: set[tuple[str, str]], records: Sequence[dict],
+                    max_failure_rate: float | None) -> tuple[dict[tuple[str, str], str], list[tuple[str, str]]]:
+    """Of the tasks failing here, those whose user-free gold replay (benchmark/oracle.py) fails as well, each with
+    why (ORACLE_CANNOT_PLAY when the task gives no gold actions, else TASK_FAULT), replayed one by one until the
+    verdict against `max_failure_rate` is settled (`settled`; None: every one); and the failing tasks left
+    unreplayed then."""
     by_id = {(d, t.id): t for d, ts in plan_tasks.items() for t in ts}
-    return {key for key in failing if not is_success(replay_gold_actions(key[0], by_id[key]).reward)}
+    aside: dict[tuple[str, str], str] = {}
+    pending = sorted(failing)
+    while pending and not (max_failure_rate is not None
+                           and settled(records, set(pending) | set(aside), max_failure_rate)):
+        key = pending.pop(0)
+        if gold_replay_fails(key[0], by_id[key].model_dump_json()):
+            aside[key] = TASK_FAULT if gold_actions(by_id[key]) else ORACLE_CANNOT_PLAY
+    return aside, pending
+
+
+@functools.cache
+def gold_replay_fails(domain: str, task_json: str) -> bool:
+    """Whether the task's gold actions, replayed without a user, fail its check (once per task and process: the
+    replay does not depend on the user)."""
+    return not is_success(replay_gold_actions(domain, Task.model_validate_json(task_json)).reward)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -241,8 +337,9 @@ def run(args: argparse.Namespace) -> int:
     failing = failing_tasks(records)
     for other in others:
         failing &= failing_tasks(list(other))
-    faults = replay_faults(plan.tasks, failing)
-    result = qualification(records, faults, args.max_failure_rate)
+    aside, unreplayed = set_aside_tasks(plan.tasks, failing, records, args.max_failure_rate)
+    reference = None if args.user == "scripted" else reference_words(plan.tasks, cfg)
+    result = qualification(records, aside, args.max_failure_rate, unreplayed, reference)
     write_outputs(args, cfg, plan, records, result)
     print("\n".join(verdict_lines(result, args.user if args.user == "scripted" else cfg.user_model)))
     return 0 if result["qualified"] else 1

@@ -20,7 +20,7 @@ from tau2_rl_pipeline.config import Tau2Config
 from tau2_rl_pipeline.eval.args import csv_list
 from tau2_rl_pipeline.eval.canned_users import CANNED_USERS
 from tau2_rl_pipeline.eval.plan import make_plan
-from tau2_rl_pipeline.eval.qualify import failing_tasks, qualification, replay_faults, run_oracle
+from tau2_rl_pipeline.eval.qualify import failing_tasks, qualification, run_oracle, set_aside_tasks
 from tau2_rl_pipeline.metrics import is_success
 
 USERS = {"scripted": ScriptedUser, **CANNED_USERS}
@@ -28,14 +28,16 @@ USERS = {"scripted": ScriptedUser, **CANNED_USERS}
 
 def qualify_user(name: str, domain: str, task_ids: Sequence[str] | None, max_failure_rate: float,
                  cfg: Tau2Config) -> dict[str, Any]:
-    """One user on one domain's tasks (mock: base split, others: test): the qualification of its episodes and the
-    causes of every bad one (each episode's causes, not only the first)."""
+    """One user on one domain's tasks (mock: base split, others: test): the qualification of its episodes (every
+    failing task replayed, so that each one set aside is known), the causes of every bad one (each episode's
+    causes, not only the first) and the records of the tasks not set aside."""
     plan = make_plan([domain], "base" if domain == "mock" else "test", task_ids, 1)
     user = USERS[name]
     records = asyncio.run(run_oracle(plan.episodes(), lambda task, environment: user(task), cfg, 300, 4))
-    faults = replay_faults(plan.tasks, failing_tasks(records))
-    result = qualification(records, faults, max_failure_rate)
-    kept = [r for r in records if (domain, r["task_id"]) not in faults]
+    aside, _ = set_aside_tasks(plan.tasks, failing_tasks(records), records, None)  # each cause known: replay all
+    result = qualification(records, aside, max_failure_rate)
+    kept = [r for r in records if (domain, r["task_id"]) not in aside]
+    result["records"] = kept
     result["all_causes"] = Counter(c for r in kept for c in r["qualify_causes"])
     result["flagged_successes"] = sum(is_success(r["reward"]) and bool(r["qualify_cause"]) for r in kept)
     return result
@@ -43,19 +45,21 @@ def qualify_user(name: str, domain: str, task_ids: Sequence[str] | None, max_fai
 
 def table_rows(results: dict[tuple[str, str], dict[str, Any]]) -> list[str]:
     lines = ["| user | domain | qualified | bad episodes | of which scored 1.0 | first cause (episodes) | "
-             "every cause named (episodes) |", "|---|---|---|---|---|---|---|"]
+             "every cause named (episodes) | words / message |", "|---|---|---|---|---|---|---|---|"]
     for (name, domain), result in results.items():
         rate = result["overall"]
-        first = "; ".join(f"{c} ({v['episodes']})" for c, v in result["domains"][domain]["causes"].items()) or "-"
+        d = result["domains"][domain]
+        first = "; ".join(f"{c} ({v['episodes']})" for c, v in d["causes"].items()) or "-"
         every = "; ".join(f"{c} ({n})" for c, n in result["all_causes"].most_common()) or "-"
         lines.append(f"| {name} | {domain} | {'yes' if result['qualified'] else 'no'} | "
-                     f"{rate['failed']}/{rate['n_episodes']} = {rate['value']:.2f} | {result['flagged_successes']} | {first} | "
-                     f"{every} |")
+                     f"{rate['failed']}/{rate['n_episodes']} = {rate['value']:.2f} | {result['flagged_successes']} | "
+                     f"{first} | {every} | {d['user_words_per_message']:.0f} |")
     return lines
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m tau2_rl_pipeline.eval.qualify_canned", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m tau2_rl_pipeline.eval.qualify_canned",
+                                description=__doc__.split("\n\n")[0])
     p.add_argument("--domains", default="mock,airline")
     p.add_argument("--users", default=",".join(USERS), help=f"of {', '.join(USERS)}")
     p.add_argument("--task-ids", default=None, help="comma-separated task ids (default: all)")

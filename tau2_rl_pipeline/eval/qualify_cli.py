@@ -15,7 +15,7 @@ DESCRIPTION = "how often does a user simulator sink a perfect agent?"
 
 def build_parser() -> argparse.ArgumentParser:
     p = command_parser("tau2-rl-qualify-user", DESCRIPTION,
-                       epilog="QUALIFIED when the failure rate (task faults apart) is at most --max-failure-rate; "
+                       epilog="QUALIFIED when the failure rate (tasks set aside apart) is at most --max-failure-rate; "
                               "exit 0 qualified, 1 not, 2 bad setup.")
     p.add_argument("--user", choices=USER_KINDS, default="llm",
                    help="llm = tau2's user simulator as TAU2_USER_* configure it; scripted = the offline user")
@@ -26,9 +26,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=SEED, default=300, help="run seed (each episode's user seed derives from it)")
     p.add_argument("--concurrency", type=COUNT, default=16, help="episodes in flight at once")
     p.add_argument("--max-failure-rate", type=Bounded(float, at_least=0.0, at_most=1.0), default=0.05,
-                   help="the verdict's bound (task faults apart)")
+                   help="the verdict's bound (tasks set aside apart). A failing user takes longer: each task it "
+                        "fails is replayed once without a user, until the verdict is settled")
     p.add_argument("--against", type=Path, action="append", default=[], metavar="OTHER.json",
-                   help="another simulator's qualification: a task is a task fault only if it fails there too")
+                   help="another simulator's qualification: a task is set aside only if it fails there too")
     p.add_argument("--output", type=Path, default=Path("outputs/qualify/user.json"), help="summary JSON path")
     g = p.add_argument_group("the GRPO gate (scripts/train_grpo.sh runs it)", more=True)
     g.add_argument("--check", type=Path, default=None, metavar="SUMMARY.json",

@@ -3,8 +3,9 @@ only if it qualified the very user the run's rewards come from, on the tasks the
 
 It compares, in this order, and refuses in one line naming the first field that differs:
 - the user kind (GRPO plays tau2's LLM user, never the scripted one);
-- TAU2_USER_MODEL, TAU2_USER_API_BASE, TAU2_USER_TEMPERATURE, TAU2_USER_STRATEGY (and, for verify and
-  reflection, TAU2_USER_STRATEGY_MAX_CHECKS);
+- TAU2_USER_MODEL, TAU2_USER_API_BASE (the same server however spelt: localhost is 127.0.0.1, a default port
+  written out or not, several servers in any order), TAU2_USER_TEMPERATURE, TAU2_USER_STRATEGY (and, for verify
+  and reflection, TAU2_USER_STRATEGY_MAX_CHECKS);
 - the installed tau2's version;
 - the (domain, split) pairs the run trains on (the GRPO task index's rows, or --domains x --task-split when it
   does not exist yet): each must be among the qualification's domains, on its split;
@@ -17,6 +18,7 @@ import json
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from tau2_rl_pipeline.benchmark.tau2_version import VERSION
 from tau2_rl_pipeline.config import Tau2Config
@@ -55,9 +57,23 @@ def run_scope(tasks_file: Path | None, domains: Iterable[str], split: str) -> se
     return {(d, split) for d in domains}
 
 
+LOOPBACK = ("localhost", "127.0.0.1", "::1", "[::1]")
+
+
+def same_server(url: str) -> str:
+    """One spelling of an API base: scheme and host in lower case, a loopback host (localhost, ::1) as 127.0.0.1,
+    the scheme's default port written out, no trailing slash."""
+    parts = urlsplit(url.strip())
+    if not parts.scheme or not parts.hostname:
+        return url.strip().rstrip("/")
+    host = "127.0.0.1" if parts.hostname.lower() in LOOPBACK else parts.hostname.lower()
+    port = parts.port or {"http": 80, "https": 443}.get(parts.scheme.lower(), "")
+    return f"{parts.scheme.lower()}://{host}:{port}{parts.path.rstrip('/')}"
+
+
 def _norm(field: str, value: Any) -> Any:
-    if field == "user_api_base":
-        return (value or "").rstrip("/")
+    if field == "user_api_base":  # several servers, comma-separated: the same set in any order is the same user
+        return sorted(same_server(u) for u in (value or "").split(",") if u.strip())
     if field == "user_temperature" and value is not None:
         return float(value)
     return value
