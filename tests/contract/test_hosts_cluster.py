@@ -80,6 +80,9 @@ def stage_env(shared: Path, hosts: hosts_mod.Hosts, layout: str, gpus: int) -> d
         "GRPO_MAX_RESPONSE_LEN": "16", "SFT_BATCH_SIZE": "8",
         "HOSTS_JOB_RECORDS": str(shared / "engines"), "HOSTS_JOB_OUT": str(shared / "job.json"),
         "HOSTS_JOB_MORE": str(shared / "more.json"), "HOSTS_JOB_NAME": "sync GRPO", "HOSTS_JOB_ROLLOUTS": "1",
+        # the job's contract_tier finds the pinned sources where this test's did (a checkout elsewhere than beside
+        # shared/, e.g. a git worktree)
+        **{k: v for k, v in os.environ.items() if k == "TAU2_THIRD_PARTY"},
     }
 
 
