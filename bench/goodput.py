@@ -69,10 +69,10 @@ def inject(fault: str, hosts, env: dict[str, str], shared: Path) -> None:
 def one_run(base: Path, tiny: Path, rollouts: int, save_interval: int, faults: bool) -> dict:
     from test_hosts_cluster import start_user_sim
     from test_hosts_faults import CLEAN_LIMIT_S, RUN_LIMIT_S, Run, until_clean
-    from test_hosts_restarts import restart_env, two_hosts
+    from test_hosts_restarts import hosts_up, restart_env
 
     shared = base / ("faulted" if faults else "clean") / "shared"
-    hosts = two_hosts(shared, tiny, f"t2h{os.getpid()}g{int(faults)}")
+    hosts = hosts_up(shared, tiny, f"t2h{os.getpid()}g{int(faults)}")
     try:
         progress = shared / "progress.jsonl"
         env = {**restart_env(shared, hosts, progress, rollouts), "GRPO_SAVE_INTERVAL": str(save_interval),

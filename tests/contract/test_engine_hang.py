@@ -25,15 +25,15 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from support import hosts as hosts_mod
-from test_hosts_cluster import SYSTEM_PATH, USER_SIM_PORT, WHY_NOT, shared_inputs, stage_env, start_user_sim
+from test_hosts_cluster import USER_SIM_PORT, WHY_NOT, stage_env, start_user_sim
 from test_hosts_faults import RUN_LIMIT_S, Run
+from test_hosts_restarts import hosts_up
 
 pytestmark = [pytest.mark.skipif(WHY_NOT is not None, reason=f"namespaced hosts tier skipped: {WHY_NOT}"),
               pytest.mark.timeout(1800)]
@@ -50,11 +50,7 @@ def alive(host: hosts_mod.Host, pid: int) -> bool:
 @pytest.fixture(scope="module")
 def hung_job(tmp_path_factory: pytest.TempPathFactory, tiny_small_dir: Path) -> Iterator[dict]:
     shared = tmp_path_factory.mktemp("enginehang") / "shared"
-    shared_inputs(shared, tiny_small_dir, 2)
-    hosts = hosts_mod.Hosts(1, shared, run_id=f"t2h{os.getpid()}xe", session_env={
-        "PATH": f"{shared / 'bin'}:{Path(sys.executable).parent}:{SYSTEM_PATH}", "RAY_USAGE_STATS_ENABLED": "0",
-        "RAY_OVERRIDE_RESOURCES": '{"CPU": 16}'})
-    hosts.up()
+    hosts = hosts_up(shared, tiny_small_dir, f"t2h{os.getpid()}xe", n=1, gpus=2)
     try:
         host = hosts.hosts[0]
         progress, records = shared / "progress.jsonl", shared / "engines"

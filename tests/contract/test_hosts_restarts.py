@@ -40,20 +40,21 @@ def restart_env(shared: Path, hosts: hosts_mod.Hosts, progress: Path, rollouts: 
             "RESTART_WAIT_TIMEOUT": "600", "TAU2_USER_API_BASE": f"http://{head}:{USER_SIM_PORT}/v1"}
 
 
-def two_hosts(shared: Path, tiny_model: Path, run_id: str) -> hosts_mod.Hosts:
-    shared_inputs(shared, tiny_model, 1)
-    hosts = hosts_mod.Hosts(2, shared, run_id=run_id, session_env={
+def hosts_up(shared: Path, tiny_model: Path, run_id: str, n: int = 2, gpus: int = 1) -> hosts_mod.Hosts:
+    """n namespaced hosts of `gpus` Ray GPUs each over the run's shared inputs, and their hostfile."""
+    shared_inputs(shared, tiny_model, gpus)
+    hosts = hosts_mod.Hosts(n, shared, run_id=run_id, session_env={
         "PATH": f"{shared / 'bin'}:{Path(sys.executable).parent}:{SYSTEM_PATH}", "RAY_USAGE_STATS_ENABLED": "0",
         "RAY_OVERRIDE_RESOURCES": '{"CPU": 16}'})
     hosts.up()
-    (shared / "hostfile").write_text("".join(f"{a} slots=1\n" for a in hosts.addresses))
+    (shared / "hostfile").write_text("".join(f"{a} slots={gpus}\n" for a in hosts.addresses))
     return hosts
 
 
 @pytest.fixture(scope="module")
 def healed(tmp_path_factory: pytest.TempPathFactory, tiny_small_dir: Path) -> Iterator[dict]:
     shared = tmp_path_factory.mktemp("hostsrestarts") / "shared"
-    hosts = two_hosts(shared, tiny_small_dir, f"t2h{os.getpid()}xr")
+    hosts = hosts_up(shared, tiny_small_dir, f"t2h{os.getpid()}xr")
     try:
         progress = shared / "progress.jsonl"
         env = restart_env(shared, hosts, progress, ROLLOUTS)
