@@ -156,7 +156,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rollouts", type=int, default=20, help="rollouts per run (at least 20 for the schedule)")
     parser.add_argument("--save-interval", type=int, default=2, help="a checkpoint every N rollouts (default 2)")
     parser.add_argument("--out", type=Path, default=None, help="also write both runs' records as JSON here")
+    parser.add_argument("--report", type=Path, default=None, help="only print the figures of an earlier --out")
     args = parser.parse_args(argv)
+    if args.report:
+        runs = json.loads(args.report.read_text())
+        print(report(runs["clean"], runs["faulted"], args.rollouts, args.save_interval))
+        return 0
     from support import hosts as hosts_mod
 
     if (why := hosts_mod.unavailable()) is not None:

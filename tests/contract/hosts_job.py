@@ -120,7 +120,7 @@ def start_rollout(args) -> int:
     return iteration + 1
 
 
-def save_checkpoint(args, rollout_id: int) -> None:
+def save_checkpoint(args, rollout_id: int) -> bool:
     """After a trained rollout, at slime's save cadence (`should_run_periodic_action`): the files a torch_dist save
     leaves in Megatron's iteration directory, then the tracker naming it, last, as Megatron writes it (a run killed
     before the tracker resumes from the previous one). No weights: nothing is trained here."""
@@ -131,9 +131,10 @@ def save_checkpoint(args, rollout_id: int) -> None:
     from slime.utils.misc import should_run_periodic_action
 
     if not should_run_periodic_action(rollout_id, args.save_interval, None, args.num_rollout):
-        return
+        return False
     torch_dist_files(Path(get_checkpoint_name(args.save, rollout_id, False, return_base_dir=True)))
     Path(get_checkpoint_tracker_filename(args.save)).write_text(str(rollout_id))
+    return True
 
 
 def progress(event: str, **fields) -> None:
@@ -178,8 +179,8 @@ def engines_and_rollouts(args, pgs, records: Path, rollouts: int | None, train: 
                                     "response_tokens": [int(n) for s in shards for n in s["response_lengths"]]})
             if train:
                 progress("trained", rollout=rollout_id)  # where train.py trains on it (nothing to train here)
-                save_checkpoint(args, rollout_id)
-                progress("saved", rollout=rollout_id)
+                if save_checkpoint(args, rollout_id):
+                    progress("saved", rollout=rollout_id)
     except Exception as exc:  # noqa: BLE001 - the report carries it (the planted argv's engines cannot start)
         out["error"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}"
     finally:

@@ -68,6 +68,12 @@ def hung_job(tmp_path_factory: pytest.TempPathFactory, tiny_small_dir: Path) -> 
         (records / f"hang-{victim['host']}-{victim['port']}").touch()  # the double hangs within 0.5 s
         t_hang = time.time()
         run.finish()
+        replaced = [e for e in run.events() if e["event"] == "engines" and e["time"] > t_hang
+                    and f"http://{victim['host']}:{victim['port']}" not in e["urls"]]
+        print(f"\nengine {victim['host']}:{victim['port']} hung after rollout {HANG_AFTER}: replaced before rollout "
+              f"{replaced[0]['rollout'] if replaced else None}, "
+              f"{(replaced[0]['time'] - t_hang) if replaced else float('nan'):.0f} s after the hang; the job's exit "
+              f"{run.proc.returncode} {time.time() - t_hang:.0f} s after it")
         yield {"rc": run.proc.returncode, "stderr": [line for _, line in run.lines], "events": run.events(),
                "victim": victim, "launched": launched, "t_hang": t_hang,
                "victim_alive": alive(host, victim["pid"]),
