@@ -82,9 +82,13 @@ def one_run(base: Path, tiny: Path, rollouts: int, save_interval: int, faults: b
         pending = list(SCHEDULE) if faults else []
         injected: list[dict] = []
         link_cut_at: float | None = None
+        hung_at: float | None = None  # the next fault waits for the hung engine's replacement (rollouts are quick)
         while run.proc.poll() is None and time.monotonic() - run.started < 4 * RUN_LIMIT_S:
+            if hung_at is not None and (started_at := replacement(shared, hosts.addresses[1], hung_at)) is not None:
+                injected[-1]["replaced_after_s"] = started_at - hung_at
+                hung_at = None
             started = {e["rollout"] for e in run.events() if e["event"] == "rollout"}
-            if pending and pending[0][0] in started:
+            if pending and hung_at is None and max(started, default=-1) >= pending[0][0]:
                 rollout, fault = pending.pop(0)
                 wall, mono = time.time(), time.monotonic()
                 inject(fault, hosts, env, shared)
@@ -92,6 +96,8 @@ def one_run(base: Path, tiny: Path, rollouts: int, save_interval: int, faults: b
                 print(f"goodput: {fault} in rollout {rollout} at {mono - run.started:.0f} s", file=sys.stderr)
                 if fault == "link cut":
                     link_cut_at = mono
+                if fault == "hung engine":
+                    hung_at = wall
             if link_cut_at is not None and (
                     any(t > link_cut_at and "waiting for" in line for t, line in run.lines)
                     or time.monotonic() - link_cut_at > RESTORE_LINK_AFTER_S):
@@ -109,6 +115,18 @@ def one_run(base: Path, tiny: Path, rollouts: int, save_interval: int, faults: b
                 "tail": [line for _, line in run.lines[-30:]]}
     finally:
         hosts.down()
+
+
+def replacement(shared: Path, worker: str, since: float) -> float | None:
+    """When an engine double started on the worker after `since` (slime's recovery of the hung one), or None."""
+    started = []
+    for path in (shared / "engines").glob("*.json"):
+        try:  # a record being written, or the directory emptied by a job's start
+            if path.stat().st_mtime > since and json.loads(path.read_text())["host"] == worker:
+                started.append(path.stat().st_mtime)
+        except (OSError, ValueError):
+            continue
+    return min(started, default=None)
 
 
 def per_fault(run: dict) -> list[dict]:
@@ -140,12 +158,16 @@ def report(clean: dict, faulted: dict, rollouts: int, save_interval: int) -> str
     lines.append(f"wall-time ratio, faulted / fault-free: {faulted['wall_s'] / clean['wall_s']:.2f}")
     lines.append("")
     lines.append(f"| fault | in rollout | last checkpoint before it | rollouts lost (at most {save_interval - 1} + the "
-                 "one in flight) | fault to training again |")
-    lines.append("|---|---|---|---|---|")
+                 "one in flight) | fault to training again | restarts |")
+    lines.append("|---|---|---|---|---|---|")
     for row in per_fault(faulted):
         to = f"{row['to_training_s']:.0f} s" if row["to_training_s"] is not None else "never"
+        if "replaced_after_s" in row:
+            to += f" (a new engine in its slot after {row['replaced_after_s']:.0f} s)"
+        restarts = len([e for e in faulted["events"] if e["event"] == "job" and row["time"] < e["time"]
+                        < row["time"] + (row["to_training_s"] or 0)])
         lines.append(f"| {row['fault']} | {row['rollout']} | {row['checkpoint']} | {len(row['lost'])} "
-                     f"{row['lost'] or ''} | {to} |")
+                     f"{row['lost'] or ''} | {to} | {restarts} |")
     lines.append("")
     lines.extend(f"  {line}" for line in faulted["restarts"] + faulted["errors"])
     return "\n".join(lines)
