@@ -175,3 +175,21 @@ def test_the_dry_run_shows_the_stage_rerun_under_the_supervisor(tmp_path: Path, 
 ])
 def test_bad_restart_settings_are_one_line(tmp_path: Path, env: dict[str, str], says: str) -> None:
     assert says in one_line_error(run_script("train_grpo.sh", tmp_path, **NETWORK, **env))
+
+
+def test_a_stop_asked_of_the_supervisor_stops_the_stage_and_restarts_nothing(tmp_path: Path) -> None:
+    """SIGTERM to the supervisor while the stage runs: the stage gets it, its trap's last words still come through,
+    and the supervisor ends with the stage's status, no restart."""
+    stage = tmp_path / "stage"
+    stage.write_text("#!/bin/bash\ntrap 'echo \"stage: stopped cleanly\" >&2; exit 143' TERM\necho started >&2\n"
+                     "sleep 60 & wait\n")
+    stage.chmod(0o755)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tau2_rl_pipeline.cluster.restarts", "--prog", "train_grpo.sh", "--max-restarts", "2",
+         "--wait-timeout", "30", "--workers", "10.0.0.2", "--ssh", "false", "--head", f"127.0.0.1:{free_port()}",
+         "--dashboard-port", str(free_port()), "--", str(stage)],
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)}, stderr=subprocess.PIPE, text=True)
+    assert proc.stderr.readline().strip() == "started"
+    proc.terminate()
+    rest = proc.stderr.read()
+    assert proc.wait(timeout=30) == 143 and rest.strip() == "stage: stopped cleanly"

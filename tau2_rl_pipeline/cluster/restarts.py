@@ -159,14 +159,18 @@ def supervise(args: argparse.Namespace) -> int:
     stopping = threading.Event()
     current: list[Stage] = []
 
-    def forward(signum, _frame) -> None:  # a stop asked of the supervisor is the stage's stop, and no restart follows
+    def stop(signum, _frame) -> None:
+        """A stop asked of the supervisor is the stage's stop, and no restart follows. SIGTERM is passed on to the
+        stage; Ctrl-C's SIGINT already reached it (the terminal sends it to the whole foreground group). The stage's
+        EXIT trap then stops the cluster, its lines still passed through; while waiting for hosts, it ends here."""
         stopping.set()
-        if current:
-            current[-1].proc.send_signal(signum)
-        else:
+        if not current:
             raise KeyboardInterrupt
+        if signum == signal.SIGTERM:
+            current[-1].proc.send_signal(signum)
 
-    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
     restarts = 0
     try:
         while True:
