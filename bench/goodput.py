@@ -108,7 +108,10 @@ def one_run(base: Path, tiny: Path, rollouts: int, save_interval: int, faults: b
             hosts.set_link(1, up=True)
         t_exit = run.finish()
         clean = until_clean(hosts, CLEAN_LIMIT_S)
-        return {"faults": faults, "rc": run.proc.returncode, "wall_s": t_exit - run.started,
+        # the stand-in job reports a failed rollout in its report and still exits 0: the error is read from there
+        job = shared / "job.json"
+        job_error = json.loads(job.read_text())[0].get("error") if job.exists() else "no job report"
+        return {"faults": faults, "rc": run.proc.returncode, "wall_s": t_exit - run.started, "job_error": job_error,
                 "events": run.events(), "injected": injected, "left": clean["left"],
                 "restarts": [line for _, line in run.lines if ": restart " in line],
                 "errors": [line for _, line in run.lines if ": error: " in line],
@@ -153,6 +156,8 @@ def report(clean: dict, faulted: dict, rollouts: int, save_interval: int) -> str
                      f"{len(set(trained))} of {rollouts} rollouts trained ({len(trained) - len(set(trained))} "
                      f"trained again after a restart), {jobs} job start(s), {len(run['restarts'])} restart(s); "
                      f"left on the hosts: {run['left']}")
+        if run.get("job_error"):
+            lines.append(f"  the job's own error (its report): {run['job_error']}")
         if run["rc"] != 0:
             lines.append("  its last lines:\n    " + "\n    ".join(run["tail"]))
     lines.append(f"wall-time ratio, faulted / fault-free: {faulted['wall_s'] / clean['wall_s']:.2f}")
@@ -204,7 +209,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         args.out.write_text(json.dumps({"clean": clean, "faulted": faulted}, indent=1))
     print(report(clean, faulted, args.rollouts, args.save_interval))
-    return 0 if clean["rc"] == 0 and faulted["rc"] == 0 else 1
+    whole = all(run["rc"] == 0 and not run.get("job_error") and {e["rollout"] for e in run["events"]
+                if e["event"] == "trained"} == set(range(args.rollouts)) for run in (clean, faulted))
+    return 0 if whole else 1
 
 
 if __name__ == "__main__":
