@@ -28,6 +28,36 @@ stop_process() {
   wait "$1" 2>/dev/null || true
 }
 
+# A node lost during the job: die's line, with the exit status NODE_LOST_STATUS that tells a node fault from the
+# stage's own errors (MAX_RESTARTS restarts only these: tau2_rl_pipeline/cluster/restarts.py, NODE_LOST).
+NODE_LOST_STATUS=75
+node_lost() { (die "$@") || exit "${NODE_LOST_STATUS}"; }
+
+# MAX_RESTARTS=N (default 0: off): on a HOSTFILE cluster, a stage stopped by a node fault waits (at most
+# RESTART_WAIT_TIMEOUT s, one line a minute) until every host answers ssh and holds no Ray, then reruns itself from
+# its checkpoint, at most N times. Each Ray stage script calls this first, with its arguments: it re-execs the script
+# under the supervisor (tau2_rl_pipeline/cluster/restarts.py, which sets STAGE_RESTARTS for the stage), or does
+# nothing when off or already supervised. A dry run prints the supervisor's command and goes on.
+MAX_RESTARTS="${MAX_RESTARTS:-0}"
+RESTART_WAIT_TIMEOUT="${RESTART_WAIT_TIMEOUT:-1800}"
+[[ "${MAX_RESTARTS}" =~ ^[0-9]+$ ]] || die "MAX_RESTARTS=${MAX_RESTARTS} must be a whole number of restarts (0: off)"
+require_uint RESTART_WAIT_TIMEOUT "${RESTART_WAIT_TIMEOUT}"
+restart_on_node_faults() {
+  ((MAX_RESTARTS > 0)) && [[ -z "${STAGE_RESTARTS:-}" ]] || return 0
+  [[ -z "${RAY_ADDRESS}" ]] ||
+    die "MAX_RESTARTS=${MAX_RESTARTS} restarts a stage on a cluster the scripts start (HOSTFILE); a cluster joined with RAY_ADDRESS restarts jobs by its own manager (Slurm: --requeue)"
+  if [[ -z "${HOSTFILE}" ]]; then
+    note "MAX_RESTARTS=${MAX_RESTARTS}: one node, no node fault to restart after (it applies with HOSTFILE)"
+    return 0
+  fi
+  local -a cmd=(env PYTHONPATH="${TAU2_ROOT}${PYTHONPATH:+:${PYTHONPATH}}" python3 -m tau2_rl_pipeline.cluster.restarts
+    --prog "${PROG}" --max-restarts "${MAX_RESTARTS}" --wait-timeout "${RESTART_WAIT_TIMEOUT}"
+    --workers "$(IFS=,; printf '%s' "${WORKERS[*]}")" --ssh "${RAY_SSH}" --head "${MASTER_ADDR}:${RAY_GCS_PORT}"
+    --dashboard-port "${RAY_DASHBOARD_PORT}" -- bash "$(abs_path "$0")" "$@")
+  if is_dry; then show_cmd "${cmd[@]}"; return 0; fi
+  exec "${cmd[@]}"
+}
+
 # The watch's verdict in its log $1 (the line naming the node that was lost), or nothing.
 watch_verdict() { grep -m1 -E '^cluster watch: (worker|the head) ' "$1" || true; }
 
@@ -55,7 +85,7 @@ watched_job() {
     line="$(watch_verdict "${log}")"
     if [[ -n "${line}" ]]; then
       stop_process "${job}" 2>/dev/null  # not bash's "Aborted" for it
-      die "${line#cluster watch: }; the job is stopped: run the same command again to resume from its last checkpoint"
+      node_lost "${line#cluster watch: }; the job is stopped: run the same command again to resume from its last checkpoint"
     fi
     note "warning: the cluster watch ended without a verdict ($(tail -n 1 "${log}")); the job goes on unwatched"
     wait "${job}" || rc=$?
@@ -65,7 +95,7 @@ watched_job() {
   fi
   stop_process "${watch}"
   line="$(watch_verdict "${log}")"
-  ((rc == 0)) || [[ -z "${line}" ]] || die "${line#cluster watch: }; the job ended (exit ${rc}): run the same command again to resume from its last checkpoint"
+  ((rc == 0)) || [[ -z "${line}" ]] || node_lost "${line#cluster watch: }; the job ended (exit ${rc}): run the same command again to resume from its last checkpoint"
   [[ -z "${line}" ]] || note "warning: ${line#cluster watch: } (the job had ended: exit 0)"
   return "${rc}"
 }

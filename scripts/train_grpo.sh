@@ -45,6 +45,7 @@
 set -euo pipefail
 # shellcheck source-path=SCRIPTDIR source=common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+restart_on_node_faults "$@"  # MAX_RESTARTS: rerun from the checkpoint after a node fault (cluster_watch.sh)
 source_model_args
 
 GRPO_INIT_DIR="${GRPO_INIT_DIR:-${RFT_CKPT_DIR}}"

@@ -12,6 +12,7 @@
 set -euo pipefail
 # shellcheck source-path=SCRIPTDIR source=common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+restart_on_node_faults "$@"  # MAX_RESTARTS: rerun from the checkpoint after a node fault (cluster_watch.sh)
 source_model_args
 
 SFT_DATA="${SFT_DATA:-${SEED_DATA}}"

@@ -14,7 +14,9 @@ planted without --num-gpus-per-node), with slime's own code at the pinned commit
   $HOSTS_JOB_ROLLOUTS rollouts through slime's rollout function and the project's custom generate, with the user
   simulator of TAU2_USER_API_BASE; for the script's own argv from the rollout slime's train.py starts at (a resume:
   the checkpointed one + 1), each followed by a checkpoint at slime's save cadence (no weights) and a line in
-  $HOSTS_JOB_PROGRESS;
+  $HOSTS_JOB_PROGRESS (HOSTS_JOB_ROLLOUTS=all: up to --num-rollout, as train.py's loop; with
+  `--use-fault-tolerance`, before each rollout after the first the manager restarts the engines its health monitor
+  killed, as slime's actor asks it to before each weight update: `recover_updatable_engines`);
 - training only (SFT): slime's `RayTrainGroup` places one train actor (slime's TrainRayActor, its address choice) in
   each actor bundle, and each says where it runs and the MASTER_ADDR it was given.
 
@@ -118,7 +120,7 @@ def start_rollout(args) -> int:
     return iteration + 1
 
 
-def save_checkpoint(args, rollout_id: int) -> None:
+def save_checkpoint(args, rollout_id: int) -> bool:
     """After a trained rollout, at slime's save cadence (`should_run_periodic_action`): the files a torch_dist save
     leaves in Megatron's iteration directory, then the tracker naming it, last, as Megatron writes it (a run killed
     before the tracker resumes from the previous one). No weights: nothing is trained here."""
@@ -129,9 +131,10 @@ def save_checkpoint(args, rollout_id: int) -> None:
     from slime.utils.misc import should_run_periodic_action
 
     if not should_run_periodic_action(rollout_id, args.save_interval, None, args.num_rollout):
-        return
+        return False
     torch_dist_files(Path(get_checkpoint_name(args.save, rollout_id, False, return_base_dir=True)))
     Path(get_checkpoint_tracker_filename(args.save)).write_text(str(rollout_id))
+    return True
 
 
 def progress(event: str, **fields) -> None:
@@ -141,7 +144,7 @@ def progress(event: str, **fields) -> None:
             f.write(json.dumps({"event": event, "time": time.time(), **fields}) + "\n")
 
 
-def engines_and_rollouts(args, pgs, records: Path, rollouts: int, train: bool = False) -> dict:
+def engines_and_rollouts(args, pgs, records: Path, rollouts: int | None, train: bool = False) -> dict:
     import ray
     from slime.ray.rollout import RolloutManager
     from slime.ray.utils import add_default_ray_env_vars
@@ -162,15 +165,22 @@ def engines_and_rollouts(args, pgs, records: Path, rollouts: int, train: bool = 
             "microbatch_group_size_per_vp_stage": 1}), timeout=60)
         first = start_rollout(args) if train else 0
         out["start_rollout_id"] = first
-        for rollout_id in range(first, first + rollouts):
+        last = args.num_rollout if rollouts is None else first + rollouts
+        for rollout_id in range(first, last):
+            if args.use_fault_tolerance and rollout_id > first:  # slime's actor.update_weights, before the weights go
+                ray.get(manager.recover_updatable_engines.remote(), timeout=WAIT_S)
+                engines = ray.get(manager.get_updatable_engines_and_lock.remote(), timeout=WAIT_S)[0]
+                progress("engines", rollout=rollout_id,
+                         urls=ray.get([e.get_url.remote() for e in engines], timeout=60))
             progress("rollout", rollout=rollout_id)
             boxes = ray.get(manager.generate.remote(rollout_id), timeout=WAIT_S)  # one per data-parallel rank
             shards = [ray.get(box.inner, timeout=60) for box in boxes]
             out["rollouts"].append({"id": rollout_id, "samples": len(shards[0]["total_lengths"]),
                                     "response_tokens": [int(n) for s in shards for n in s["response_lengths"]]})
             if train:
-                save_checkpoint(args, rollout_id)
-                progress("saved", rollout=rollout_id)
+                progress("trained", rollout=rollout_id)  # where train.py trains on it (nothing to train here)
+                if save_checkpoint(args, rollout_id):
+                    progress("saved", rollout=rollout_id)
     except Exception as exc:  # noqa: BLE001 - the report carries it (the planted argv's engines cannot start)
         out["error"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}"
     finally:
@@ -190,7 +200,7 @@ def _answers(host: str, port: int) -> bool:
         return s.connect_ex((host, port)) == 0
 
 
-def run_one(name: str, argv: list[str], records: Path, rollouts: int, train: bool = False) -> dict:
+def run_one(name: str, argv: list[str], records: Path, rollouts: int | None, train: bool = False) -> dict:
     from ray.util.placement_group import remove_placement_group
     from slime.ray.placement_group import create_placement_groups
 
@@ -238,7 +248,9 @@ def main() -> None:
              runtime_env={"env_vars": env_vars, "worker_process_setup_hook": "hosts_job.answer_gpus_as_cuda"})
     progress("job", pid=os.getpid())
     # the script's own argv trains as slime's train.py would: from where it resumes, saving at its cadence
-    reports = [run_one(name, job_argv, records, int(os.environ.get("HOSTS_JOB_ROLLOUTS", "1")), train=i == 0)
+    count = os.environ.get("HOSTS_JOB_ROLLOUTS", "1")
+    rollouts = None if count == "all" else int(count)
+    reports = [run_one(name, job_argv, records, rollouts, train=i == 0)
                for i, (name, job_argv) in enumerate(jobs)]
     Path(os.environ["HOSTS_JOB_OUT"]).write_text(json.dumps(reports, indent=1))
     ray.shutdown()

@@ -173,7 +173,12 @@ class LoopbackServer:
     and new ones wait until `POST /continue_generation`), `GET /flush_cache` (refused while a `/generate` is
     open; empties the prefix cache), `POST /update_weights_from_distributed` (no tensors can travel to this
     server, so only an empty list of names; its `weight_version` becomes the served one) and
-    `GET /get_weight_version`. The chat endpoint is never paused: in a run the user simulator is another server.
+    `GET /get_weight_version` (and `POST /release_memory_occupation` and `/resume_memory_occupation`, which
+    slime's engine recovery sends to a colocated engine it restarted). The chat endpoint is never paused: in a run the user simulator is another server.
+
+    `hang()` makes it a hung engine, as an SGLang server whose scheduler is stuck: it still accepts connections, but
+    no `/generate`, `/v1/chat/completions` or `/health_generate` (SGLang's one-token generation through the
+    scheduler) is answered any more, those in flight included; `/health` (the HTTP server alone) still answers.
 
     `chat_answer(body) -> str | None`, when set, gives the text of a `/v1/chat/completions` answer instead (e.g. a
     judge's verdict, which a tiny model cannot give); None falls through to the responder, the script or the model.
@@ -207,6 +212,7 @@ class LoopbackServer:
         self._aborted: set[asyncio.Task] = set()
         self._unpaused = asyncio.Event()  # cleared by /pause_generation, set by /continue_generation
         self._unpaused.set()
+        self.hung = False  # hang(): nothing through the scheduler is answered
         self.port = port
         self._open = 0
         self._script: deque[list[int]] = deque()
@@ -226,6 +232,14 @@ class LoopbackServer:
     def script(self, *sequences: list[int]) -> None:
         """Queue token sequences for the next model requests to return, one per request."""
         self._script.extend(list(s) for s in sequences)
+
+    def hang(self) -> None:
+        """From now on, answer nothing that goes through the model (see the class's docstring)."""
+        self.hung = True
+
+    async def _while_hung(self) -> None:
+        while self.hung:
+            await asyncio.sleep(3600)
 
     def count(self, path: str) -> int:
         return sum(1 for p, _ in self.requests if p == path)
@@ -267,7 +281,7 @@ class LoopbackServer:
         app.router.add_post("/generate", self._generate)
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_get("/health", self._health)
-        app.router.add_get("/health_generate", self._health)  # what slime's engine waits for after a launch
+        app.router.add_get("/health_generate", self._health_generate)  # slime's engine: after a launch, its monitor
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/get_model_info", self._model_info)
         app.router.add_get("/workers", self._workers)
@@ -278,6 +292,10 @@ class LoopbackServer:
         app.router.add_get("/flush_cache", self._flush_cache)
         app.router.add_post("/update_weights_from_distributed", self._update_weights_from_distributed)
         app.router.add_get("/get_weight_version", self._get_weight_version)
+        # colocated engines' offload and onload (slime's engine recovery releases a new engine's memory, then resumes
+        # its weights): nothing to move here; SGLang's handlers return nothing, i.e. JSON null
+        app.router.add_post("/release_memory_occupation", self._memory_occupation)
+        app.router.add_post("/resume_memory_occupation", self._memory_occupation)
         # handler_cancellation: a client that gives up (timeout) cancels its hung handler instead of leaving it.
         runner = web.AppRunner(app, access_log=None, handler_cancellation=True, shutdown_timeout=0.5)
         try:
@@ -317,6 +335,7 @@ class LoopbackServer:
         self._open += 1
         self.max_concurrent = max(self.max_concurrent, self._open)
         try:
+            await self._while_hung()
             fault = self.faults.take()
             if fault is Fault.ERROR_500:
                 return _error(500, "injected fault: internal server error")
@@ -465,6 +484,10 @@ class LoopbackServer:
     async def _health(self, request: web.Request) -> web.StreamResponse:
         return web.Response()
 
+    async def _health_generate(self, request: web.Request) -> web.StreamResponse:
+        await self._while_hung()
+        return web.Response()
+
     async def _models(self, request: web.Request) -> web.StreamResponse:
         return web.json_response({"object": "list", "data": [
             {"id": self.model_name, "object": "model", "created": int(time.time()), "owned_by": "loopback",
@@ -521,6 +544,10 @@ class LoopbackServer:
         if body.get("weight_version") is not None:
             self.weight_version = str(body["weight_version"])
         return web.json_response({"success": True, "message": "Succeeded to update parameter online."})
+
+    async def _memory_occupation(self, request: web.Request) -> web.StreamResponse:
+        await self._record(request)
+        return web.json_response(None)
 
     async def _get_weight_version(self, request: web.Request) -> web.StreamResponse:
         return web.json_response({"weight_version": self.weight_version})

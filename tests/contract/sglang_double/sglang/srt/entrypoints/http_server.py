@@ -6,7 +6,10 @@ Here the server is the loopback server (a real tiny model answering SGLang's HTT
 EADDRNOTAVAIL) and the process ends, which slime's launcher reports ("Server process terminated unexpectedly").
 When $SGLANG_DOUBLE_RECORDS names a directory, each launch writes one JSON record there: the host it ran on
 (hostname), the address and ports slime gave it, and the bind's outcome. The server ends with the engine actor that
-launched it (its parent), as SGLang's server process does when slime kills its engine.
+launched it (its parent), as SGLang's server process does when slime kills its engine. A file `hang-HOST-PORT` in
+that directory makes the server at HOST:PORT a hung engine (LoopbackServer.hang: /generate and /health_generate
+answer no more), for slime's health monitor (`--use-fault-tolerance`) to find; the server takes the file away, so the
+engine slime starts in its place, perhaps at the same address, is a sound one.
 """
 
 from __future__ import annotations
@@ -50,6 +53,11 @@ def launch_server(server_args, *args, **kwargs) -> None:
         _record(record)
         raise SystemExit(1) from None
     _record(record)
+    where = os.environ.get("SGLANG_DOUBLE_RECORDS")
+    hang_file = Path(where) / f"hang-{server_args.host}-{server_args.port}" if where else None
     while os.getppid() == parent:
+        if hang_file is not None and not server.hung and hang_file.exists():
+            hang_file.unlink()  # this server's fault: a new engine slime starts at the same address answers
+            server.hang()
         time.sleep(0.5)
     server.stop()
