@@ -1,0 +1,121 @@
+"""The test suite's tiers: which marks a test module gets by where it lives, what the quick tier leaves out, and
+which product modules a set of test modules reaches.
+
+The full suite (`bash scripts/test.sh`, CI) runs everything; `bash scripts/test.sh --quick` leaves out the tests
+marked with a mark in QUICK_LEAVES_OUT: a developer's loop of at most 3 minutes on a quiet 2-core machine that
+still imports every module of tau2_rl_pipeline from some test (tests/test_tiers.py holds it to that). Marks go by
+path and test name here (tests/conftest.py applies them), so no test module needs an edit to join a tier; a test
+may also carry `@pytest.mark.slow` (or another registered mark) itself.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+MARKERS = {
+    "slow": "more than a few seconds of CPU (a whole stage, CLI or script run, a training loop): left out of --quick",
+    "contract": "runs slime's and Megatron-LM's own code (tests/contract; needs ../shared/third_party)",
+    "hosts": "a cluster of namespaced hosts (root, network namespaces, sshd; the CI step TAU2_HOSTS_TIER=1)",
+    "slurm": "Slurm on namespaced hosts (tests/slurm, or TAU2_SLURM_TIER=1)",
+}
+QUICK_LEAVES_OUT = ("slow", "hosts", "slurm")
+
+# Slow tests, by module (a path under tests/): every test of the module (ALL), or the tests named (functions, each
+# with all its parameters). Measured one module at a time with --durations=0 (tests/test_tiers.py checks that each
+# module and test named exists). Kept here rather than as marks in the modules, so a tier is changed in one place.
+ALL = frozenset({"*"})
+SLOW: dict[str, frozenset[str]] = {
+    "test_local_pipeline.py": ALL,
+    "test_tau2_v1.py": ALL,
+    "test_scripts.py": frozenset({"test_shellcheck_passes_on_every_script"}),
+}
+HOSTS_MODULES = frozenset({"test_hosts.py", "contract/test_hosts_cluster.py", "contract/test_hosts_faults.py"})
+
+
+def marks_for(rel: str, test: str = "") -> set[str]:
+    """The marks a test gets from its module's path under tests/ (posix, e.g. 'contract/test_router.py') and its
+    function's name."""
+    marks = set()
+    if rel.startswith("contract/"):
+        marks.add("contract")
+    if rel.startswith("slurm/"):
+        marks.add("slurm")
+    if rel in HOSTS_MODULES:
+        marks.add("hosts")
+    if SLOW.get(rel) == ALL or test in SLOW.get(rel, ()):
+        marks.add("slow")
+    return marks
+
+
+def product_modules(package: Path) -> set[str]:
+    """Every module of the package as a dotted name; `__init__` files apart (importing a module imports them)."""
+    return {".".join(p.relative_to(package.parent).with_suffix("").parts)
+            for p in package.rglob("*.py") if p.name != "__init__.py"}
+
+
+def _names(tree: ast.AST) -> set[str]:
+    """Dotted names an import statement of this tree binds (`from a.b import c` gives a.b and a.b.c)."""
+    found = set()
+    for node in ast.walk(tree) if not isinstance(tree, list) else tree:
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+    return found
+
+
+def references(source: str, modules: set[str]) -> set[str]:
+    """The product modules a test module names: imported (at the top or inside a test), run by `python -m`, or
+    named by path or dotted string (a monkeypatch target, a slime plug-in path)."""
+    tree = ast.parse(source)
+    found = _names(tree)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            for name in re.findall(r"tau2_rl_pipeline[./][\w./]*", node.value):
+                dotted = name.replace("/", ".").removesuffix(".py").rstrip(".")
+                found |= {dotted, dotted.rsplit(".", 1)[0]}
+    return {m for m in found if m in modules}
+
+
+def loaded_with(module: str, package: Path, modules: set[str]) -> set[str]:
+    """The product modules a module imports at its top level: loading it loads them (a lazy import inside a function
+    does not count)."""
+    path = package.parent / (module.replace(".", "/") + ".py")
+    top = [n for n in ast.parse(path.read_text()).body if isinstance(n, ast.Import | ast.ImportFrom)]
+    return {m for m in _names(top) if m in modules}
+
+
+def helpers(source: str, tests: Path) -> list[Path]:
+    """The test rigs and helper modules under tests/ a test module imports (support.hosts, slime_harness, ...)."""
+    out = []
+    for name in _names(ast.parse(source)):
+        for base in (tests, tests / "contract"):
+            path = base / (name.replace(".", "/") + ".py")
+            if path.is_file() and not path.name.startswith("test_"):
+                out.append(path)
+    return out
+
+
+def unreached(test_files: list[Path], package: Path) -> list[str]:
+    """The package's modules that none of these test modules (nor the helpers they import) names, and that no named
+    module loads at its top level; sorted."""
+    modules = product_modules(package)
+    tests = package.parent / "tests"
+    sources, seen = list(test_files), set()
+    reached: set[str] = set()
+    while sources:
+        path = sources.pop()
+        if path in seen:
+            continue
+        seen.add(path)
+        text = path.read_text()
+        reached |= references(text, modules)
+        sources += helpers(text, tests)
+    todo = list(reached)
+    while todo:
+        for module in loaded_with(todo.pop(), package, modules) - reached:
+            reached.add(module)
+            todo.append(module)
+    return sorted(modules - reached)
