@@ -34,7 +34,8 @@ def test_markers_are_registered_strict_and_the_slowest_tests_listed() -> None:
 
 @pytest.mark.parametrize("rel, test, marks", [
     ("test_metrics.py", "test_pass_at_k_is_stable_for_large_n", set()),
-    ("contract/test_router.py", "test_x", {"contract"}),
+    ("contract/test_slime_adapter.py", "test_x", {"contract"}),
+    ("contract/test_router.py", "test_x", {"contract", "slow"}),
     ("contract/test_hosts_cluster.py", "test_x", {"contract", "hosts"}),
     ("test_hosts.py", "test_x", {"hosts"}),
     ("slurm/test_sbatch.py", "test_x", {"slurm"}),

@@ -23,12 +23,19 @@ MARKERS = {
 QUICK_LEAVES_OUT = ("slow", "hosts", "slurm")
 
 # Slow tests, by module (a path under tests/): every test of the module (ALL), or the tests named (functions, each
-# with all its parameters). Measured one module at a time with --durations=0 (tests/test_tiers.py checks that each
-# module and test named exists). Kept here rather than as marks in the modules, so a tier is changed in one place.
+# with all its parameters). A whole module is slow when its tests run stage scripts, CLIs, servers, clusters or
+# training in child processes; a named test, when --durations=0 and its CPU time put it among the heaviest.
+# Kept here rather than as marks in the modules, so a tier changes in one place (tests/test_tiers.py checks that
+# each module and test named exists).
 ALL = frozenset({"*"})
 SLOW: dict[str, frozenset[str]] = {
-    "test_local_pipeline.py": ALL,
-    "test_tau2_v1.py": ALL,
+    **dict.fromkeys([
+        "test_local_pipeline.py", "test_tau2_v1.py", "test_local_algorithms.py", "test_resume.py",
+        "test_interrupt.py", "test_faults.py", "test_cluster_scripts.py", "test_readme_commands.py",
+        "test_clear_errors.py", "test_packaging.py", "test_supply_chain.py", "test_use_tau2.py", "test_models.py",
+        "test_gpu_check.py", "test_bench_harness.py", "test_bench_long_tail.py", "contract/test_ray_cluster.py",
+        "contract/test_router.py", "contract/test_stage_argv.py", "contract/test_preset_argv.py",
+        "contract/test_multinode_argv.py"], ALL),
     "test_scripts.py": frozenset({"test_shellcheck_passes_on_every_script"}),
 }
 HOSTS_MODULES = frozenset({"test_hosts.py", "contract/test_hosts_cluster.py", "contract/test_hosts_faults.py"})
