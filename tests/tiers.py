@@ -37,7 +37,11 @@ SLOW: dict[str, frozenset[str]] = {
         "contract/test_router.py", "contract/test_stage_argv.py", "contract/test_preset_argv.py",
         "contract/test_multinode_argv.py", "contract/test_slime_awsft.py", "contract/test_checkpoint_check.py",
         "contract/test_offpolicy_losses.py"], ALL),
-    "test_scripts.py": frozenset({"test_shellcheck_passes_on_every_script"}),
+    "test_scripts.py": frozenset({"test_shellcheck_passes_on_every_script",  # the gate's quick test: reads_the_domains
+                                  "test_grpo_requires_a_qualified_user_simulator_when_asked",
+                                  "test_the_grpo_gate_refuses_a_qualification_that_does_not_cover_the_run",
+                                  "test_the_grpo_gate_runs_on_the_package_interpreter_outside_the_container",
+                                  "test_every_setting_reaches_the_output"}),
     "test_fast_env.py": frozenset({"test_rewards_match_tau2_on_oracle_and_perturbed_replays"}),  # every test task
     "test_eval_passk.py": frozenset({"test_two_rollout_processes_write_the_run_of_one",
                                      "test_sigkill_then_resume_equals_an_uninterrupted_run"}),
