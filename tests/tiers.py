@@ -32,7 +32,7 @@ SLOW: dict[str, frozenset[str]] = {
     **dict.fromkeys([
         "test_local_pipeline.py", "test_tau2_v1.py", "test_local_algorithms.py", "test_resume.py",
         "test_interrupt.py", "test_faults.py", "test_cluster_scripts.py", "test_readme_commands.py",
-        "test_clear_errors.py", "test_packaging.py", "test_supply_chain.py", "test_use_tau2.py", "test_models.py",
+        "test_clear_errors.py", "test_packaging.py", "test_use_tau2.py", "test_models.py",
         "test_gpu_check.py", "test_bench_harness.py", "test_bench_long_tail.py", "contract/test_ray_cluster.py",
         "contract/test_router.py", "contract/test_stage_argv.py", "contract/test_preset_argv.py",
         "contract/test_multinode_argv.py", "contract/test_slime_awsft.py", "contract/test_checkpoint_check.py",
