@@ -1,6 +1,8 @@
-"""Atomic file writes, the one way this package replaces a file: checkpoints' side files, prompt and data files,
-the evaluator's outputs. A reader sees the old file or the new one, never a torn one; a write killed midway leaves
-at most one temp file (a fixed name per target, so one writer per file), overwritten next time."""
+"""Atomic file writes, the one way this package replaces a file.
+
+Checkpoints' side files, prompt and data files, the evaluator's outputs. A reader sees the old file or the new one,
+never a torn one; a write killed midway leaves at most one temp file (a fixed name per target, so one writer per
+file), overwritten next time."""
 
 from __future__ import annotations
 

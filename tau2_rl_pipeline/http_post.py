@@ -1,4 +1,6 @@
-"""One discipline for the project's clients of model servers: SGLang's native `/generate` (the policy engine) and an
+"""One discipline for the project's HTTP clients of model servers: timeouts, retries, what failed.
+
+The clients: SGLang's native `/generate` (the policy engine) and an
 OpenAI-compatible `/v1/chat/completions` (the user simulator's fast client).
 
 aiohttp (httpx's pool is quadratic in its size with hundreds in flight: bench/README.md, P2); at most

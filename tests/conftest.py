@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import tiers
 
 import tau2_rl_pipeline  # noqa: F401  (sets LITELLM_LOCAL_MODEL_COST_MAP before anything imports litellm)
 
@@ -117,3 +118,29 @@ def _judge_for_tau2_v1(request: pytest.FixtureRequest) -> None:
 
     if V1:
         request.getfixturevalue("loopback_judge")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--quick", action="store_true",
+                     help="the quick tier: leave out the tests marked " + ", ".join(tiers.QUICK_LEAVES_OUT))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for name, text in tiers.MARKERS.items():
+        config.addinivalue_line("markers", f"{name}: {text}")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The tiers' marks by path (tests/tiers.py); with --quick, the tests they leave out deselected."""
+    for item in items:
+        path = Path(str(item.path))
+        if path.is_relative_to(REPO_ROOT / "tests"):
+            rel = path.relative_to(REPO_ROOT / "tests").as_posix()
+            for mark in sorted(tiers.marks_for(rel, getattr(item, "originalname", item.name))):
+                item.add_marker(mark)
+    if config.getoption("--quick"):
+        out = [i for i in items if any(i.get_closest_marker(m) for m in tiers.QUICK_LEAVES_OUT)]
+        if out:
+            config.hook.pytest_deselected(items=out)
+            left_out = set(out)
+            items[:] = [i for i in items if i not in left_out]

@@ -1,4 +1,6 @@
-"""One tau2 episode as an object: the domain environment for a task, the user side, termination as tau2's
+"""One tau2 episode as an object, graded by tau2's own evaluator.
+
+One tau2 episode as an object: the domain environment for a task, the user side, termination as tau2's
 orchestrator tracks it, and tau2's own evaluator at the end.
 
 The rollout drives it turn by turn (`start`, then `act` per policy turn, then `evaluate`); the oracle replay and

@@ -1,4 +1,6 @@
-"""Cheap tau2 environments: each domain database is parsed once per process and every environment gets its own
+"""Cheap tau2 environments: milliseconds to build and evaluate, not seconds.
+
+Cheap tau2 environments: each domain database is parsed once per process and every environment gets its own
 copy-on-read view of it, so building one and evaluating an episode on them costs milliseconds, not seconds.
 
 Why: tau2 builds an environment by parsing the domain's JSON database (airline ~0.2 s), the episode builds its

@@ -1,4 +1,6 @@
-"""Gold-action replays through the episode core: the check that the episode, its tool boundary and tau2's
+"""Gold-action replays: the check that the episode and tau2's evaluator agree.
+
+Gold-action replays through the episode core: the check that the episode, its tool boundary and tau2's
 evaluator agree (every test task's oracle replay scores 1.0), and the source of offline demonstrations.
 
     python -m tau2_rl_pipeline.benchmark.oracle --domain airline --split test     # prints a table of oracle rewards

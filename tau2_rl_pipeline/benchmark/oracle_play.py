@@ -1,4 +1,6 @@
-"""The oracle agent in a live conversation: it probes the user for the facts the gold actions need, then plays
+"""The oracle agent in a live conversation with a user simulator.
+
+The oracle agent in a live conversation: it probes the user for the facts the gold actions need, then plays
 tau2's gold actions in order and the closing message, against a user simulator. Since this agent is perfect, every
 failure is the user simulator's or the task's, and the user's behaviour is checked on every episode, successes
 included (a user can sink an episode that still scores 1.0): the qualification of a user simulator

@@ -1,4 +1,6 @@
-"""What the policy sees: tau2's agent system prompt, the tool schemas, and the agent's view of the conversation
+"""What the policy sees: tau2's agent prompt, the tool schemas and the conversation as chat messages.
+
+What the policy sees: tau2's agent system prompt, the tool schemas, and the agent's view of the conversation
 as chat messages for the tokenizer's own chat template.
 
 The system prompt is tau2's `LLMAgent` prompt (instructions + the domain policy; telecom's policy is the main

@@ -1,4 +1,6 @@
-"""What a task's user scenario tells the user simulator, split the way the user-side checks need it (pure, except
+"""What a task's user scenario tells the user simulator, split the way the user-side checks need it.
+
+What a task's user scenario tells the user simulator, split the way the user-side checks need it (pure, except
 `scenario_of`, which reads tau2's user-simulator guidelines once):
 
 - request: what the user calls about (the reason for the call; the whole instructions when they are one string,

@@ -1,6 +1,7 @@
-"""User-side monitors: how the user simulator behaved in an episode, whatever the reward. A user simulator is part
-of the reward: one that goes silent, parrots the agent, recites its instructions, invents facts or never hangs up
-can sink an episode, or let a wrong one through, and GRPO then learns from it.
+"""User-side monitors: how the user simulator behaved in an episode, whatever the reward.
+
+A user simulator is part of the reward: one that goes silent, parrots the agent, recites its instructions, invents
+facts or never hangs up can sink an episode, or let a wrong one through, and GRPO then learns from it.
 
 Per episode (`user_monitors`, pure: the episode's tau2 messages, its task's scenario (scenario.py), how it ended):
 - user_turns, user_mean_chars: the user's text messages (tool calls apart) and their mean length in characters;

@@ -1,4 +1,6 @@
-"""Before a multi-node slime run: every node the layout needs has joined the Ray cluster with its GPUs, has the network
+"""Before a multi-node slime run: every node joined, with its GPUs, network interfaces and inputs.
+
+Before a multi-node slime run: every node the layout needs has joined the Ray cluster with its GPUs, has the network
 interfaces GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME name (net.py), and sees the stage's checkpoint and data
 paths where the head sees them (storage every node mounts at the same path), with the same content: the data file
 identical to the head's (size and sha256), the HF model and the Megatron checkpoint(s) the run loads complete

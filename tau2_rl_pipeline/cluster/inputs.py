@@ -1,5 +1,6 @@
-"""What a node has at the paths a slime stage reads, and whether it is complete: the cluster check's content half
-(check.py runs the readers on every node and prints the verdicts).
+"""What a node has at the paths a slime stage reads, and whether it is complete.
+
+The cluster check's content half (check.py runs the readers on every node and prints the verdicts).
 
 Three kinds of input, each read on a node into plain facts (the only I/O here: `read_data`, `read_hf_model`,
 `read_checkpoint`) and judged by pure functions that return what is missing, in words, or None:

@@ -1,4 +1,6 @@
-"""The network interfaces GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME name, on a node: the cluster check's network half
+"""The network interfaces GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME name, read on a node.
+
+The network interfaces GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME name, on a node: the cluster check's network half
 (check.py reads them on every node of the Ray cluster; scripts/cluster.sh runs `main` on the head before Ray
 starts).
 

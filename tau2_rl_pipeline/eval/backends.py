@@ -1,5 +1,7 @@
-"""Where the evaluated policy runs, checked before anything is written: a local directory or a published
-checkpoint (resolved through huggingface-hub), an SGLang server that must answer, the stop tokens.
+"""Where the evaluated policy runs, checked before anything is written.
+
+A local directory or a published checkpoint (resolved through huggingface-hub), an SGLang server that must answer,
+the stop tokens.
 
 Each check fails with a `SetupError` whose one-line message says what to fix.
 """

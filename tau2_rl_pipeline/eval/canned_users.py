@@ -1,4 +1,6 @@
-"""Canned user simulators for qualifying the qualification (tests, docs/evaluation.md's table): a well-behaved one
+"""Canned user simulators, well-behaved and misbehaving, for qualifying the qualification.
+
+Canned user simulators for qualifying the qualification (tests, docs/evaluation.md's table): a well-behaved one
 and one for each way a user simulator is known to misbehave. Each is a tau2 `BaseUser` playing a real tau2
 environment, scored by tau2's own evaluator, with no model at all.
 

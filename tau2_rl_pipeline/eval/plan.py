@@ -1,4 +1,6 @@
-"""Setting up an evaluation run: the episodes it owes (Plan), the settings that define its results, the policy
+"""Setting up an evaluation run, and every check that can refuse it, before anything is written.
+
+Setting up an evaluation run: the episodes it owes (Plan), the settings that define its results, the policy
 it runs, and every check that can refuse the run, all before anything is written."""
 
 from __future__ import annotations

@@ -1,4 +1,6 @@
-"""Does qualification catch a misbehaving user? The oracle of tau2-rl-qualify-user against the scripted user and
+"""Does qualification catch a misbehaving user? The oracle against the canned users.
+
+Does qualification catch a misbehaving user? The oracle of tau2-rl-qualify-user against the scripted user and
 each canned user (tau2_rl_pipeline/eval/canned_users.py: a well-behaved one and one per known misbehaviour), on
 real tau2 environments scored by tau2's evaluator; prints docs/evaluation.md's table (markdown).
 

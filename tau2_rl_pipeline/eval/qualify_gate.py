@@ -1,4 +1,6 @@
-"""The GRPO script's gate (`tau2-rl-qualify-user --check`, scripts/train_grpo.sh): a qualification counts for a run
+"""The GRPO script's gate: a qualification counts only for the user and tasks the run uses.
+
+The GRPO script's gate (`tau2-rl-qualify-user --check`, scripts/train_grpo.sh): a qualification counts for a run
 only if it qualified the very user the run's rewards come from, on the tasks the run trains on.
 
 It compares, in this order, and refuses in one line naming the first field that differs:

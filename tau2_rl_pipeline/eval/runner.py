@@ -1,4 +1,6 @@
-"""Running Pass@K episodes: each (domain, task, sample) an independent tau2 episode with its own sampling seed,
+"""Running Pass@K episodes concurrently on one event loop, one record per episode as it ends.
+
+Running Pass@K episodes: each (domain, task, sample) an independent tau2 episode with its own sampling seed,
 at most `concurrency` in flight on one event loop, each turned into one episode record as it ends.
 
 Framework-free: it knows the rollout and the engine interface, not the CLI or the files (eval_passk.py).

@@ -1,5 +1,7 @@
-"""A tau2-bench leaderboard submission from an evaluation: `<dir>/submission.json` and `<dir>/trajectories/`
-(the run's tau2 results files), the layout `tau2 submit validate <dir>` (tau2-bench 1.0.1) checks.
+"""A tau2-bench leaderboard submission from an evaluation.
+
+It writes `<dir>/submission.json` and `<dir>/trajectories/` (the run's tau2 results files), the layout `tau2 submit
+validate <dir>` (tau2-bench 1.0.1) checks.
 
 - Results: pass_1..pass_4 per leaderboard domain (retail, airline, telecom, banking_knowledge with its
   `retrieval_config`), in percent, for every k <= the samples per task, computed by tau2's own submission code

@@ -1,4 +1,6 @@
-"""The outputs of an evaluation run: metrics over the planned episodes, the summary JSON, tau2's results files,
+"""The outputs of an evaluation run: metrics, the summary JSON, tau2's results files, chart and report.
+
+The outputs of an evaluation run: metrics over the planned episodes, the summary JSON, tau2's results files,
 the chart and the terminal report (the summary is written last: its presence means the run is done)."""
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
-"""The evaluator's episodes as tau2's own `Results` files, one per domain, so tau2's tooling opens them:
-`tau2 view`, `tau2.metrics.agent_metrics.compute_metrics`, and `tau2 evaluate-trajs` (which re-scores each
-simulation from its messages).
+"""The evaluator's episodes as tau2's own `Results` files, one per domain.
+
+Written so that tau2's tooling opens them: `tau2 view`, `tau2.metrics.agent_metrics.compute_metrics`, and `tau2
+evaluate-trajs` (which re-scores each simulation from its messages).
 
 What differs from a `tau2 run` file, and why:
 - Each simulation's messages are the evaluator's view (refused calls left out, `env.without_refused_calls`):

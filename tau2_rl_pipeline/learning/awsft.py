@@ -1,4 +1,6 @@
-"""Advantage-weighted SFT's per-episode weights, as the recipe defines them (pure, no torch: the reward
+"""Advantage-weighted SFT's per-episode weights, as the recipe defines them (pure, no torch).
+
+Advantage-weighted SFT's per-episode weights, as the recipe defines them (pure, no torch: the reward
 post-process step computes them on both paths, and the loss only multiplies them in, learning/losses.awsft_loss).
 
     A      = r - V*(prompt)                r: the episode's binary task reward; V*: the reference model's pass rate

@@ -1,4 +1,6 @@
-"""Oracle demonstrations: tau2's gold actions played as agent completions against the scripted user, kept as SFT
+"""Oracle demonstrations: tau2's gold actions as SFT rows, built offline.
+
+Oracle demonstrations: tau2's gold actions played as agent completions against the scripted user, kept as SFT
 rows where the replay scores 1.0 (built offline, no model or API needed)."""
 
 from __future__ import annotations

@@ -1,4 +1,6 @@
-"""The published seed data (the original cookbook's protocol, or OpenAI chat format), validated and rewritten to the
+"""The published seed data, validated and rewritten to the rollout's protocol.
+
+The published seed data (the original cookbook's protocol, or OpenAI chat format), validated and rewritten to the
 rollout's protocol; a row that cannot be is reported with its line number and left out. Read from a local file or
 directory, or the hub cache (nothing is downloaded at run time where the machine is offline)."""
 

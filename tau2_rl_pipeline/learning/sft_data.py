@@ -1,4 +1,6 @@
-"""SFT rows for slime's SFT rollout (`--input-key messages --tool-key tools`): the published seed data, validated and
+"""SFT rows for slime's SFT rollout: the seed data or oracle demonstrations (a CLI).
+
+SFT rows for slime's SFT rollout (`--input-key messages --tool-key tools`): the published seed data, validated and
 normalized, or oracle demonstrations built offline from tau2's train split.
 
     python -m tau2_rl_pipeline.learning.sft_data seed --dataset Jarrodbarnes/tau2-sft-seed-v3 --out data/seed.jsonl

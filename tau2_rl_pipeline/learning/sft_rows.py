@@ -1,6 +1,8 @@
-"""The SFT row format both trainers read: what the rollout shows the policy for a domain (tau2's agent prompt and
-tool schemas) followed by the agent's view of a conversation. Seed data, oracle demonstrations and RFT selection all
-write rows through here, so SFT teaches exactly the protocol the policy is later run and scored with."""
+"""The SFT row format both trainers read.
+
+What the rollout shows the policy for a domain (tau2's agent prompt and tool schemas) followed by the agent's view
+of a conversation. Seed data, oracle demonstrations and RFT selection all write rows through here, so SFT teaches
+exactly the protocol the policy is later run and scored with."""
 
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""The local pipeline's report: each stage's Pass@K numbers with their counts, the policy stages' (GRPO, AWSFT)
+"""The local pipeline's report: each stage's Pass@K with counts, learning signal, charts.
+
+The local pipeline's report: each stage's Pass@K numbers with their counts, the policy stages' (GRPO, AWSFT)
 steps with and without learning signal, and charts (axes from zero, counts on them). The stage chart and table
 show every evaluated stage in report order, so an AWSFT stage shows beside GRPO's."""
 

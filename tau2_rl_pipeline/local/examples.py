@@ -1,4 +1,6 @@
-"""What the local trainer learns from: one sequence with its loss mask (and advantage, weight, rollout log-probs),
+"""What the local trainer learns from: one sequence with its loss mask, and padded micro-batches.
+
+What the local trainer learns from: one sequence with its loss mask (and advantage, weight, rollout log-probs),
 built from a rollout's trajectory or from an SFT chat, and a micro-batch of them as padded tensors. Pure
 bookkeeping: no model, no optimizer."""
 

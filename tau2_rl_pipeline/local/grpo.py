@@ -1,4 +1,6 @@
-"""The local pipeline's policy stage: sample groups with the local engine, shape and normalize rewards as the slime
+"""The local pipeline's policy stage: GRPO (PPO-clip) or AWSFT steps on sampled groups.
+
+The local pipeline's policy stage: sample groups with the local engine, shape and normalize rewards as the slime
 run does (reward.post_process, the curriculum; the judge component when TAU2_USE_JUDGE is on), then one PPO-clip
 step (`grpo`) or one advantage-weighted SFT step (`awsft`: each episode weighted as learning/awsft.py says, over
 the task's RFT-sampling pass rate) per rollout batch, on the tasks the difficulty filter keeps from the RFT stage's

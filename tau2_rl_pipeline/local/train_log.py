@@ -1,4 +1,6 @@
-"""What a training run shows and keeps: a progress line per step (a bar on a terminal), and one JSON line per
+"""What a training run shows and keeps: a progress line per step, a JSON line per optimizer step.
+
+What a training run shows and keeps: a progress line per step (a bar on a terminal), and one JSON line per
 optimizer step to a file and, when asked, to wandb."""
 
 from __future__ import annotations

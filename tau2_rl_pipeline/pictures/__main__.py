@@ -1,4 +1,6 @@
-"""Draw the project's pictures from the project itself (also: python -m tau2_rl_pipeline.pictures), into
+"""Draw the project's pictures from the project itself (tau2-rl-pictures).
+
+Draw the project's pictures from the project itself (also: python -m tau2_rl_pipeline.pictures), into
 outputs/pictures/ (or --out); --public refreshes the tracked copies in public/ instead (for the maintainers).
 
   pipeline.png     scripts/pipeline.sh's stages, servers, files and GPU layouts, drawn from its dry runs

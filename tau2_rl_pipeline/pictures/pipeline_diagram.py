@@ -1,4 +1,6 @@
-"""public/pipeline.png: the slime pipeline's stages, the servers each talks to, the files passed between them, and
+"""public/pipeline.png: the slime pipeline's stages, servers, files and GPU layouts.
+
+public/pipeline.png: the slime pipeline's stages, the servers each talks to, the files passed between them, and
 the GPU layouts, all taken from the Plans that scripts/pipeline.sh's dry runs give (plan.py)."""
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
-"""The cyclic garbage collector's policy in a rollout process the project owns: its own CLIs (eval_passk's `main`
-runs its rollout inside `settled()`, undone on leaving) and each of eval_passk's `--procs` shards (`settle()`, a
-process of its own). Inside slime's rollout actor, a process slime owns, it is opt-in (TAU2_SLIME_GC_POLICY, off by
-default: the slime adapter then leaves slime's collector as it is).
+"""The cyclic garbage collector's policy in a rollout process the project owns.
+
+It holds in its own CLIs (eval_passk's `main` runs its rollout inside `settled()`, undone on leaving) and each of
+eval_passk's `--procs` shards (`settle()`, a process of its own). Inside slime's rollout actor, a process slime
+owns, it is opt-in (TAU2_SLIME_GC_POLICY, off by default: the slime adapter then leaves slime's collector as it is).
 
 A full (generation-2) GC pass holds the GIL and walks every tracked object not frozen, so it stalls the event
 loop for as long as it takes. Measured (bench/README.md, P2 and P5; 1024 mock episodes, 256 in flight, 1 s per

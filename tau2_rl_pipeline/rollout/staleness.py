@@ -1,4 +1,6 @@
-"""Bounded staleness for asynchronous GRPO (GRPO_MAX_STALENESS = eta): how many weight versions a trained token lags
+"""Bounded staleness for asynchronous GRPO: how far a trained token's weights may lag.
+
+Bounded staleness for asynchronous GRPO (GRPO_MAX_STALENESS = eta): how many weight versions a trained token lags
 the weights being trained, which turns fall past eta, and whether the rollout may start another group. Pure
 bookkeeping over weight versions and rollout ids; slime_plugins/staleness.py applies it inside slime.
 

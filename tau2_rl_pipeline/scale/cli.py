@@ -1,4 +1,6 @@
-"""The stage scripts' door to the presets and the sizing sheet (scripts/common.sh calls it; stdlib only, so a dry
+"""The stage scripts' door to the presets and the sizing sheet.
+
+The stage scripts' door to the presets and the sizing sheet (scripts/common.sh calls it; stdlib only, so a dry
 run needs no GPU stack).
 
   python -m tau2_rl_pipeline.scale.cli defaults --model M [--recipe R] --world W

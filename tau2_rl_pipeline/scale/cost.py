@@ -1,4 +1,6 @@
-"""What a run costs, on paper: GPU-hours per stage from the sizing sheet, the P-numbers measured under bench/ and
+"""What a run costs, on paper: GPU-hours per stage and how they move with the number of nodes.
+
+What a run costs, on paper: GPU-hours per stage from the sizing sheet, the P-numbers measured under bench/ and
 stated assumptions, and how rollout and training time move with the number of nodes.
 
 Nothing here is measured on a GPU: this machine has none. The inputs are named, each marked measured (with where)

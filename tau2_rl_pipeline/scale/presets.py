@@ -1,5 +1,6 @@
-"""Model presets (MODEL=...) and the named recipe (RECIPE=...): which model, its layout per training world size,
-and the stage defaults that depend on its size.
+"""Model presets (MODEL=...) and the named recipe (RECIPE=...).
+
+Which model, its layout per training world size, and the stage defaults that depend on its size.
 
 One table, so the scripts, the sizing sheet and the cost table cannot disagree. A layout is keyed by the number of
 training GPUs (nodes x policy GPUs per node): the 8-GPU node's default split gives the policy 4 GPUs, so 1, 2 and 4

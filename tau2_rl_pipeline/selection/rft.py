@@ -1,4 +1,6 @@
-"""Rejection-sampling fine-tuning data: sample episodes of the train tasks with the current policy, keep the good
+"""Rejection-sampling fine-tuning data: the current policy's good episodes as SFT rows.
+
+Rejection-sampling fine-tuning data: sample episodes of the train tasks with the current policy, keep the good
 ones as SFT rows, merge them with the seed data.
 
     python -m tau2_rl_pipeline.selection.rft --sglang-url http://127.0.0.1:30000 --hf-checkpoint outputs/sft-hf \

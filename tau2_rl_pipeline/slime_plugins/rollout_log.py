@@ -1,4 +1,6 @@
-"""slime's --custom-rollout-log-function-path: every rollout's behaviour monitors (benchmark/monitors.py), logged in
+"""Every rollout's behaviour monitors, logged in the same row as slime's own rollout metrics.
+
+slime's --custom-rollout-log-function-path: every rollout's behaviour monitors (benchmark/monitors.py), logged in
 the same row as slime's own rollout metrics.
 
     --custom-rollout-log-function-path   tau2_rl_pipeline.slime_plugins.rollout_log.log_rollout_data

@@ -1,4 +1,6 @@
-"""Bounded staleness inside slime's fully asynchronous rollout (TAU2_MAX_STALENESS = eta, which scripts/train_grpo.sh
+"""Bounded staleness inside slime's fully asynchronous rollout.
+
+Bounded staleness inside slime's fully asynchronous rollout (TAU2_MAX_STALENESS = eta, which scripts/train_grpo.sh
 sets from GRPO_MAX_STALENESS): no trained token comes from weights more than eta versions behind the weights that
 train it (rollout/staleness.py: the versions, the admission rule, the mask).
 
