@@ -74,7 +74,9 @@ SLOW: dict[str, frozenset[str]] = {
     "contract/test_logit_memory.py": frozenset({"test_grpo_keeps_three_fp32_buffers_at_its_peaks"}),
     "test_secrets.py": frozenset({"test_the_evaluator_writes_no_key_in_any_output"}),
 }
-HOSTS_MODULES = frozenset({"test_hosts.py", "contract/test_hosts_cluster.py", "contract/test_hosts_faults.py"})
+HOSTS_MODULES = frozenset({"test_hosts.py", "contract/test_hosts_cluster.py", "contract/test_hosts_faults.py",
+                           "contract/test_hosts_restarts.py", "contract/test_engine_hang.py",
+                           "test_multinode_doc.py"})
 
 
 def marks_for(rel: str, test: str = "") -> set[str]:

@@ -1,5 +1,7 @@
-"""tau2-rl-qualify-user's command line (what it does: eval/qualify.py). Parsed here, where nothing heavy is
-imported, so that --help and a refused option answer at once; tau2 and litellm load when the run starts."""
+"""tau2-rl-qualify-user's command line, parsed where nothing heavy is imported.
+
+What it does is eval/qualify.py's; --help and a refused option answer at once here, and tau2 and litellm load only
+when the run starts."""
 
 from __future__ import annotations
 

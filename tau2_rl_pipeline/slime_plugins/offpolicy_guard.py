@@ -1,5 +1,7 @@
-"""The refusal of a run that would train turns sampled by older weights as if on-policy, or outside the staleness
-bound, read from slime's own args: the one place of the off-policy rule.
+"""The off-policy rule, in its one place: refuse a run that would train stale turns as if on-policy.
+
+Read from slime's own args: turns sampled by older weights with nothing to correct them, or outside the staleness
+bound.
 
 The stage scripts check the same argv before they launch; a user who launches slime with their own argv meets it in
 the adapter: its fully async rollout calls `refuse_unguarded` before slime's worker starts, its generate at its
