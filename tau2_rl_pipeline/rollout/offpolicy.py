@@ -37,3 +37,23 @@ def mask_older_turns(loss_mask: Sequence[int], spans: Sequence[tuple[int, int]],
 def versions_of(turn_meta: Sequence[dict]) -> list[str | None]:
     """Each request's weight version as SGLang reported it (meta_info.weight_version), None where it did not."""
     return [None if m.get("weight_version") is None else str(m["weight_version"]) for m in turn_meta]
+
+
+def unguarded_refusal(*, partial_rollout: bool, fully_async: bool, masked: bool, awsft: bool, tis: bool) -> str | None:
+    """The one-line reason a run must not train turns older weights sampled with nothing to correct them, or None:
+    the rule itself, pure, so the stage planner (on the argv it builds) and the in-run guard
+    (slime_plugins/offpolicy_guard.py, on slime's args) apply the same one. Such turns reach the loss only where an
+    episode can cross a weight update (`partial_rollout`, a `fully_async` rollout); the mask takes them out, TIS
+    corrects them, except under AWSFT, whose loss has no importance ratio."""
+    if not (partial_rollout or fully_async) or masked:
+        return None
+    mode = "--partial-rollout" if partial_rollout else "the fully async rollout"
+    if awsft:
+        return (f"{mode} without --mask-offpolicy-in-partial-rollout would train turns sampled by older weights with "
+                "nothing to correct them: the AWSFT custom loss never applies TIS; pass "
+                "--mask-offpolicy-in-partial-rollout (GRPO_MASK_OFFPOLICY=1)")
+    if not tis:
+        return (f"{mode} without --mask-offpolicy-in-partial-rollout or --use-tis would train turns sampled by older "
+                "weights as if on-policy (slime's PPO ratio ignores the rollout log-probs): pass "
+                "--mask-offpolicy-in-partial-rollout or --use-tis (GRPO_MASK_OFFPOLICY=1 or GRPO_USE_TIS=1)")
+    return None

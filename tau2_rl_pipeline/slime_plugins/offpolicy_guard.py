@@ -1,7 +1,7 @@
 """The refusal of a run that would train turns sampled by older weights as if on-policy, read from slime's own args.
 
-scripts/train_grpo.sh refuses GRPO_MASK_OFFPOLICY=0 without GRPO_USE_TIS, and with GRPO_ALGORITHM=awsft; a user
-who launches slime with their own argv never meets that check. The adapter's generate (and its fully async
+The stage planner (tau2_rl_pipeline/launch) refuses such a run before it starts, by the same rule
+(rollout/offpolicy.py's `unguarded_refusal`); a user who launches slime with their own argv never meets that check. The adapter's generate (and its fully async
 rollout, before slime's worker starts) calls `refuse_unguarded` first, so the same argv given to slime directly
 stops at its first episode with the same one line.
 
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from argparse import Namespace
 
+from tau2_rl_pipeline.rollout.offpolicy import unguarded_refusal
 from tau2_rl_pipeline.slime_plugins.awsft import is_awsft
 
 ASYNC_ROLLOUT_NAME = "generate_rollout_fully_async"  # slime.rollout.fully_async_rollout's and adapter's
@@ -34,19 +35,12 @@ def crosses_updates(args: Namespace) -> bool:
 
 
 def refusal(args: Namespace) -> str | None:
-    """The one-line reason slime's `args` must not run, or None."""
-    if not crosses_updates(args) or getattr(args, "mask_offpolicy_in_partial_rollout", False):
-        return None
-    mode = "--partial-rollout" if getattr(args, "partial_rollout", False) else "the fully async rollout"
-    if is_awsft(args):
-        return (f"{mode} without --mask-offpolicy-in-partial-rollout would train turns sampled by older weights with "
-                "nothing to correct them: the AWSFT custom loss never applies TIS; pass "
-                "--mask-offpolicy-in-partial-rollout (GRPO_MASK_OFFPOLICY=1)")
-    if not getattr(args, "use_tis", False):
-        return (f"{mode} without --mask-offpolicy-in-partial-rollout or --use-tis would train turns sampled by older "
-                "weights as if on-policy (slime's PPO ratio ignores the rollout log-probs): pass "
-                "--mask-offpolicy-in-partial-rollout or --use-tis (GRPO_MASK_OFFPOLICY=1 or GRPO_USE_TIS=1)")
-    return None
+    """The one-line reason slime's `args` must not run, or None (the rule: rollout/offpolicy.py)."""
+    rollout_fn = str(getattr(args, "rollout_function_path", None) or "")
+    return unguarded_refusal(partial_rollout=bool(getattr(args, "partial_rollout", False)),
+                             fully_async=rollout_fn.rsplit(".", 1)[-1] == ASYNC_ROLLOUT_NAME,
+                             masked=bool(getattr(args, "mask_offpolicy_in_partial_rollout", False)),
+                             awsft=is_awsft(args), tis=bool(getattr(args, "use_tis", False)))
 
 
 def refuse_unguarded(args: Namespace) -> None:
