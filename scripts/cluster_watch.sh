@@ -5,8 +5,7 @@
 # that worker's Ray once the head has been silent for RAY_HEAD_LOST_TIMEOUT seconds. What each fault does on separate
 # hosts, with times: tests/contract/test_hosts_faults.py, docs/hardening.md.
 
-RAY_HEAD_LOST_TIMEOUT="${RAY_HEAD_LOST_TIMEOUT:-60}"
-require_uint RAY_HEAD_LOST_TIMEOUT "${RAY_HEAD_LOST_TIMEOUT}"
+WATCH_CMD=()  # the plan's: the watch of a cluster started here on several nodes (empty: nothing to watch)
 
 # After a worker's `ray start` over ssh: a loop on that worker that stops its Ray once the head's GCS has not
 # answered for RAY_HEAD_LOST_TIMEOUT seconds, and ends by itself (within 5 s) once that worker's raylet is gone (the
@@ -37,16 +36,14 @@ watch_verdict() { grep -m1 -E '^cluster watch: (worker|the head) ' "$1" || true;
 # end. A job that fails by itself gets the watch's word for a few seconds, in case a node's loss is why. With
 # RAY_ADDRESS the cluster's own manager (Slurm, KubeRay) watches its nodes; one node has nothing to watch.
 watched_job() {
-  if is_dry || ((NUM_NODES == 1)) || [[ -n "${RAY_ADDRESS}" ]]; then
+  if is_dry || ((${#WATCH_CMD[@]} == 0)); then
     run "$@"
     return
   fi
   local log="${LOG_DIR}/cluster_watch.log" watch job rc=0 line i
   mkdir -p "${LOG_DIR}"
   show_cmd "$@"
-  env PYTHONPATH="${TAU2_ROOT}" "${PYTHON}" -m tau2_rl_pipeline.cluster.watch \
-    --address "${MASTER_ADDR}:${RAY_GCS_PORT}" --expect "$(IFS=,; printf '%s' "${MASTER_ADDR},${WORKERS[*]}")" \
-    >"${log}" 2>&1 &
+  "${WATCH_CMD[@]}" >"${log}" 2>&1 &
   watch=$!
   "$@" &
   job=$!

@@ -7,6 +7,7 @@
 set -euo pipefail
 # shellcheck source-path=SCRIPTDIR source=common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+plan_stage env  # the settings (paths, layout, preset) from tau2_rl_pipeline/launch
 source_model_args
 
 CONVERT_HF_DIR="$(abs_path "${CONVERT_HF_DIR:-${BASE_HF_DIR}}")" # the converter runs in SLIME_DIR

@@ -9,6 +9,7 @@
 set -euo pipefail
 # shellcheck source-path=SCRIPTDIR source=common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+plan_stage env  # the settings (paths, layout, preset) from tau2_rl_pipeline/launch
 
 CKPT_IN="$(abs_path "${CKPT_IN:-${SFT_CKPT_DIR}}")" # relative paths from here: the converter runs in SLIME_DIR
 HF_OUT="$(abs_path "${HF_OUT:-${SFT_HF_DIR}}")"

@@ -9,6 +9,7 @@
 set -euo pipefail
 # shellcheck source-path=SCRIPTDIR source=common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+plan_stage env  # the settings (paths, layout, preset) from tau2_rl_pipeline/launch
 
 HF_CLI="${HF_CLI:-hf}"
 SEED_SOURCE="${SEED_SOURCE:-hub}"

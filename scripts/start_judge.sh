@@ -12,6 +12,7 @@
 set -euo pipefail
 # shellcheck source-path=SCRIPTDIR source=common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+plan_stage env  # the settings (paths, layout, preset) from tau2_rl_pipeline/launch
 
 JUDGE_MODEL_PATH="${JUDGE_MODEL_PATH:-${USER_SIM_HF_DIR}}"
 JUDGE_HOST="${JUDGE_HOST:-127.0.0.1}"

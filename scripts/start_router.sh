@@ -14,6 +14,7 @@
 set -euo pipefail
 # shellcheck source-path=SCRIPTDIR source=common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+plan_stage env  # the settings (paths, layout, preset) from tau2_rl_pipeline/launch
 
 ROUTER_WORKER_URLS="${ROUTER_WORKER_URLS:-}"
 ROUTER_HOST="${ROUTER_HOST:-127.0.0.1}"

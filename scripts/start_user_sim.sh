@@ -11,6 +11,7 @@
 set -euo pipefail
 # shellcheck source-path=SCRIPTDIR source=common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+plan_stage env  # the settings (paths, layout, preset) from tau2_rl_pipeline/launch
 
 USER_SIM_MODEL_PATH="${USER_SIM_MODEL_PATH:-${USER_SIM_HF_DIR}}"
 USER_SIM_HOST="${USER_SIM_HOST:-127.0.0.1}"

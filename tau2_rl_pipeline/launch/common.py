@@ -36,6 +36,10 @@ class Common:
     user_api_base: str
     exports: dict[str, str] = field(default_factory=dict)
 
+    def default(self, name: str, fallback: object) -> str:
+        """A stage default the recipe (RECIPE=...) may set: the preset's value, else `fallback`."""
+        return self.preset.get(name, str(fallback))
+
     def value(self, name: str) -> str:
         """A preset-governed setting: the environment's if set, else the preset's."""
         return self.r.get(name, self.preset[name])
@@ -97,8 +101,8 @@ def read_common(r: Reader, machine: Machine, root: str) -> Common:
     exports["TAU2_GPU_LAYOUT"] = gpus.name
     cluster = read_cluster(r, gpus, machine)
     # Loopback traffic (Ray's job API, SGLang) and the nodes' must not go through a proxy.
-    exports["no_proxy"] = ",".join(filter(None, ["127.0.0.1,localhost", r.get("no_proxy"), cluster.master,
-                                                 *cluster.workers]))
+    hosts = ",".join(filter(None, ["127.0.0.1,localhost", r.get("no_proxy"), cluster.master, *cluster.workers]))
+    exports["no_proxy"] = ",".join(dict.fromkeys(hosts.split(",")))  # each once (a stage another script runs)
     if not cluster.master:
         cluster = replace(cluster, master="127.0.0.1")
     r.flag("SIZING_FORCE")

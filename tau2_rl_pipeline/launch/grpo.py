@@ -52,12 +52,12 @@ def grpo(c: Common, plan: StagePlan) -> None:  # noqa: C901 (one stage's setting
     async_rollout = r.get("GRPO_ASYNC_ROLLOUT_GPUS", str(half))
     partial, tis, mask = (r.flag(n, "1") for n in ("GRPO_PARTIAL_ROLLOUT", "GRPO_USE_TIS", "GRPO_MASK_OFFPOLICY"))
     staleness = r.get("GRPO_MAX_STALENESS", str(d.max_staleness))
-    num_rollout, batch, n = (r.uint(v, x) for v, x in (("GRPO_NUM_ROLLOUT", d.num_rollout),
+    num_rollout, batch, n = (r.uint(v, c.default(v, x)) for v, x in (("GRPO_NUM_ROLLOUT", d.num_rollout),
                                                         ("GRPO_ROLLOUT_BATCH_SIZE", d.rollout_batch_size),
                                                         ("GRPO_N_SAMPLES", d.n_samples)))
-    global_batch = r.uint("GRPO_GLOBAL_BATCH_SIZE", batch * n)
-    max_len, save_interval = r.uint("GRPO_MAX_RESPONSE_LEN", d.max_response_len), r.uint("GRPO_SAVE_INTERVAL",
-                                                                                          d.save_interval)
+    global_batch = r.uint("GRPO_GLOBAL_BATCH_SIZE", c.default("GRPO_GLOBAL_BATCH_SIZE", batch * n))
+    max_len, save_interval = r.uint("GRPO_MAX_RESPONSE_LEN", d.max_response_len), r.uint(
+        "GRPO_SAVE_INTERVAL", c.default("GRPO_SAVE_INTERVAL", d.save_interval))
     max_tokens = r.uint("GRPO_MAX_TOKENS_PER_GPU", c.value("GRPO_MAX_TOKENS_PER_GPU"))
     eps, eps_high, kl_coef, entropy = (r.number(v, spelled(x)) for v, x in (
         ("GRPO_EPS_CLIP", loss.eps_clip), ("GRPO_EPS_CLIP_HIGH", loss.eps_clip_high),
