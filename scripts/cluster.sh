@@ -9,7 +9,7 @@ WORKERS_STARTED=()
 WORKER_PIDS=()
 WORKER_LOGS=()
 WORKER_SSH=()
-RAY_WORKER_LAUNCH=ssh
+WORKER_LAUNCH=ssh  # the plan's RAY_WORKER_LAUNCH
 
 # The command that runs shell command line $2 on worker $1, into WORKER_CMD: over WORKER_SSH, or here.
 worker_cmd() {
@@ -21,15 +21,6 @@ step_head() {
   RAY_STARTED=1  # before the start: a head that fails half-way is stopped too
   trap ray_stop_cluster EXIT
   run "$@"
-}
-
-# Each worker answers over ssh before anything starts.
-step_reachable() {
-  local ip out
-  for ip in "$@"; do
-    out="$("${WORKER_SSH[@]}" "${ip}" true 2>&1)" ||
-      die "worker ${ip} (HOSTFILE) is not reachable over ssh (${WORKER_SSH[*]}): $(tail -n 1 <<<"${out}")"
-  done
 }
 
 # step_worker IP SLIME_DIR LEASH CMD...: `ray start --address` on worker IP, from slime's root, in the background (all
@@ -68,7 +59,7 @@ ray_stop_cluster() {
   local ip
   [[ "${RAY_STARTED}" == 1 ]] || return 0
   RAY_STARTED=0
-  if [[ "${RAY_WORKER_LAUNCH}" == ssh ]]; then
+  if [[ "${WORKER_LAUNCH}" == ssh ]]; then
     for ip in "${WORKERS_STARTED[@]}"; do
       worker_cmd "${ip}" "ray stop"
       run "${WORKER_CMD[@]}" ||

@@ -40,5 +40,5 @@ def plan_stage(stage: str, prog: str, environ: Mapping[str, str], start_dir: str
     STAGES[stage](c, plan)
     plan.exports = {**shared_exports(c), "STAGE_SETTINGS_CHECKED": "1", **plan.exports}
     plan.variables.update({"RAY_HEAD_LOST_TIMEOUT": [str(c.cluster.head_lost_timeout)],
-                           "RAY_WORKER_LAUNCH": [c.cluster.launch]})
+                           "WORKER_LAUNCH": [c.cluster.launch]})
     return plan

@@ -82,6 +82,11 @@ class Machine:
             pass
         return 0
 
+    def ssh_answers(self, ssh: list[str], host: str) -> tuple[bool, str]:
+        """Whether `ssh host true` succeeds; else the last line ssh printed."""
+        ok, out = self.run_quietly([*ssh, host, "true"], {})
+        return ok, (out.strip().splitlines() or [""])[-1]
+
     def run_quietly(self, cmd: list[str], env: dict[str, str]) -> tuple[bool, str]:
         """Run a check program of this package: (whether it passed, its stdout and stderr together)."""
         try:

@@ -1,8 +1,7 @@
 """The plan of one stage, as data: what the dry run prints, what the script runs, what the tests and pictures read.
 
 `StagePlan.steps` are the runner's verbs (scripts/common.sh defines each: it runs, the plan decides): `cd DIR`,
-`run CMD...`, `head CMD...` (the Ray head; the EXIT trap stops it), `reachable IP...` (each worker answers ssh),
-`worker IP CMD...` (join a worker), `workers_wait`, `check TOKEN DIR... -- CMD...` (the cluster check), `job CMD...`
+`run CMD...`, `head CMD...` (the Ray head; the EXIT trap stops it), `worker IP DIR LEASH CMD...` (join a worker), `workers_wait`, `check TOKEN DIR... -- CMD...` (the cluster check), `job CMD...`
 (slime's job, watched on a cluster started here), and for the pipeline `header`, `stage`, `server`, `stop_server`,
 `need`, `done`, `note`. `to_bash` hands them over as shell words (shlex-quoted, so no value is ever re-parsed).
 """

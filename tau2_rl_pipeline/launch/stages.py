@@ -183,8 +183,11 @@ def cluster_steps(c: Common, plan: StagePlan, p: Placement, written: str, reads:
     if not k.joined:
         if k.nodes > 1 and not r.dry:
             head_here(c)
-        if k.workers and not r.dry and k.launch == "ssh":
-            plan.add("reachable", *k.workers)
+        if not r.dry and k.launch == "ssh":  # each worker answers over ssh before anything starts
+            for ip in k.workers:
+                ok, last = c.machine.ssh_answers(list(k.ssh), ip)
+                if not ok:
+                    raise Refused(f"worker {ip} (HOSTFILE) is not reachable over ssh ({' '.join(k.ssh)}): {last}")
         need_port_free(c, k.gcs_port, "Ray GCS; a Ray head already running? stop it with: ray stop")
         need_port_free(c, k.dashboard_port, "Ray dashboard")
         need_gpus(c, c.gpus.policy, "policy (slime)")
