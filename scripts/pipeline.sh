@@ -29,7 +29,6 @@ source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 # of the pid we started), the stage scripts, each stage's outputs checked once it ran ---------------------------------
 SERVER_PIDS=()
 SERVER_NAMES=()
-SERVER_START_TIMEOUT=900
 
 wait_for_server() {
   local url=$1 what=$2 pid=$3 log=$4 waited=0

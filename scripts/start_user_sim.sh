@@ -21,6 +21,7 @@ USER_SIM_TOOL_PARSER="${USER_SIM_TOOL_PARSER:-qwen25}"
 served_endpoint TAU2_USER_API_BASE TAU2_USER_MODEL http://127.0.0.1:30001/v1 "user simulator"
 USER_SIM_PORT="${SERVED_PORT}"
 require_number USER_SIM_MEM_FRACTION "${USER_SIM_MEM_FRACTION}"
+# shellcheck disable=SC2153  # USER_SIM_TP: exported by the plan (plan_stage env)
 USER_SIM_DP=$((NUM_USER_SIM_GPUS / USER_SIM_TP))
 
 require_file "${USER_SIM_MODEL_PATH}/config.json" "user simulator model (scripts/download.sh)"

@@ -192,7 +192,7 @@ def user_gate(c: Common, data: str) -> None:
     ok, out = c.machine.run_quietly(
         [python, "-m", "tau2_rl_pipeline.eval.qualify", "--check", summary, "--max-failure-rate", rate,
          "--run-tasks", data, "--domains", c.r.get("DOMAINS", "airline,retail,telecom"), "--task-split", "train"],
-        {"PYTHONPATH": os.pathsep.join(filter(None, [c.paths.root, c.r.get("PYTHONPATH")]))})
+        {**c.r.environ, **c.exports, "PYTHONPATH": os.pathsep.join(filter(None, [c.paths.root, c.r.get("PYTHONPATH")]))})
     last = out.strip().splitlines()[-1] if out.strip() else ""
     if ok:
         c.r.note(last)  # its verdict line (a library's warning may come first)

@@ -84,13 +84,13 @@ class Machine:
 
     def ssh_answers(self, ssh: list[str], host: str) -> tuple[bool, str]:
         """Whether `ssh host true` succeeds; else the last line ssh printed."""
-        ok, out = self.run_quietly([*ssh, host, "true"], {})
+        ok, out = self.run_quietly([*ssh, host, "true"], dict(os.environ))
         return ok, (out.strip().splitlines() or [""])[-1]
 
     def run_quietly(self, cmd: list[str], env: dict[str, str]) -> tuple[bool, str]:
-        """Run a check program of this package: (whether it passed, its stdout and stderr together)."""
+        """Run a check program in environment `env`: (whether it passed, its stdout and stderr together)."""
         try:
-            proc = subprocess.run(cmd, env={**os.environ, **env}, capture_output=True, text=True, timeout=600,
+            proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600,
                                   check=False)
         except OSError as exc:
             return False, str(exc)
