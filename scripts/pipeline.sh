@@ -33,8 +33,7 @@ SERVER_NAMES=()
 wait_for_server() {
   local url=$1 what=$2 pid=$3 log=$4 waited=0
   if is_dry; then note "dry run: would wait up to ${SERVER_START_TIMEOUT}s for ${what} at ${url}"; return 0; fi
-  require_tool curl "to wait for ${what}"
-  until server_up "${url}"; do
+  until curl -fsS --max-time 5 -o /dev/null "${url}" 2>/dev/null; do
     kill -0 "${pid}" 2>/dev/null || die "${what} exited before answering at ${url}; see ${log}"
     ((waited < SERVER_START_TIMEOUT)) || die "${what} did not answer at ${url} within ${SERVER_START_TIMEOUT}s; see ${log}"
     sleep 5
@@ -78,7 +77,9 @@ trap stop_all_servers EXIT
 step_header() { printf '%s\n' "$1"; }
 step_note() { note "$1"; }
 step_stage() { show_cmd "$@"; "$@"; }  # a stage script runs in a dry run too (it honours DRY_RUN itself)
-step_need() { [[ -e "$1" ]] || problem "$2"; }  # an earlier stage's output, when this stage starts
+step_need() {  # an earlier stage's output, when this stage starts: the plan's line if it is missing
+  [[ -e "$1" ]] || { is_dry || die "$2"; note "warning: $2 (the dry run goes on)"; }
+}
 
 # A stage's outputs, once it ran: a training stage is done once its script exited 0 and its checkpoint directory
 # names a saved iteration (then its marker is written).

@@ -9,21 +9,27 @@ from tau2_rl_pipeline.launch.graph import pipeline
 from tau2_rl_pipeline.launch.grpo import grpo
 from tau2_rl_pipeline.launch.machine import Machine
 from tau2_rl_pipeline.launch.plan import StagePlan
+from tau2_rl_pipeline.launch.servers import (
+    convert_hf,
+    convert_megatron,
+    download,
+    judge,
+    policy_server,
+    router,
+    user_sim,
+)
 from tau2_rl_pipeline.launch.settings import Reader, Refused, script_root
-from tau2_rl_pipeline.launch.stages import policy_server, rft_gen, sft
+from tau2_rl_pipeline.launch.stages import rft_gen, sft
 
 
 def _rft(c: Common, plan: StagePlan) -> None:
     sft(c, plan, rft=True)
 
 
-def _env(c: Common, plan: StagePlan) -> None:
-    """No plan of its own: the settings only (the servers', converters' and download's scripts)."""
-
-
 STAGES: dict[str, Callable[[Common, StagePlan], None]] = {
     "sft": sft, "rft": _rft, "grpo": grpo, "rft_gen": rft_gen, "policy_server": policy_server,
-    "pipeline": pipeline, "env": _env,
+    "pipeline": pipeline, "user_sim": user_sim, "judge": judge, "router": router, "convert_hf": convert_hf,
+    "convert_megatron": convert_megatron, "download": download,
 }
 
 

@@ -145,7 +145,13 @@ def shared_exports(c: Common) -> dict[str, str]:
            "BASE_TORCH_DIST_DIR": c.base_torch_dist, "USER_SIM_HF_ID": r.get("USER_SIM_HF_ID", USER_SIM_HF_ID),
            "RAY_DASHBOARD_PORT": str(k.dashboard_port), "RAY_GCS_PORT": str(k.gcs_port), "MASTER_ADDR": k.master,
            "RECIPE": r.get("RECIPE"), **k.network}
-    env["USER_SIM_HF_DIR"] = r.path("USER_SIM_HF_DIR", f"{p.models}/{env['USER_SIM_HF_ID'].split('/')[-1]}")
+    env["USER_SIM_HF_DIR"] = user_sim_hf(c)
     env.update(c.exports)
     env["NO_PROXY"] = env["no_proxy"]
     return env
+
+
+def user_sim_hf(c: Common) -> str:
+    """The user simulator's (and the judge's) model directory: Qwen3-4B-Instruct-2507 whatever MODEL trains."""
+    hf_id = c.r.get("USER_SIM_HF_ID", USER_SIM_HF_ID)
+    return c.r.path("USER_SIM_HF_DIR", f"{c.paths.models}/{hf_id.split('/')[-1]}")

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from tau2_rl_pipeline.launch.common import Common
 from tau2_rl_pipeline.launch.plan import StagePlan
+from tau2_rl_pipeline.launch.settings import Refused
 
 DONE_MARKER = ".stage_done"
 
@@ -42,6 +43,8 @@ def pipeline(c: Common, plan: StagePlan) -> None:
     plan.variables["SERVER_START_TIMEOUT"] = [str(timeout)]
     plan.exports["STAGE_SETTINGS_CHECKED"] = "1"  # the stage scripts need not say it again
     scripts, python = f"{p.root}/scripts", r.get("PYTHON", "python3")
+    if not r.dry and not c.machine.has_tool("curl"):
+        raise Refused("curl not found on PATH (to wait for the servers the pipeline starts)")
     r.note(f"layout {c.gpus.name}: policy GPUs {c.gpus.policy}, user simulator GPUs {c.gpus.user_sim}; outputs in {p.out}")
     user_sim = [False]
 

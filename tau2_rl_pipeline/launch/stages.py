@@ -306,7 +306,7 @@ def adam_betas() -> list[str]:
     return ["--adam-beta1", spelled(POLICY_LOSS.betas[0]), "--adam-beta2", spelled(POLICY_LOSS.betas[1])]
 
 
-# ---- RFT generation and the policy server ---------------------------------------------------------------------------
+# ---- RFT generation -----------------------------------------------------------------------------------------------------
 def rft_gen(c: Common, plan: StagePlan) -> None:
     """Rejection sampling: each train task RFT_NUM_SAMPLES times with the served SFT policy against the user
     simulator; the successful trajectories (else a task's best partial one), merged with the seed data."""
@@ -323,22 +323,3 @@ def rft_gen(c: Common, plan: StagePlan) -> None:
              "--hf-checkpoint", served, "--domains", r.get("DOMAINS", "airline,retail,telecom"), "--num-samples",
              str(samples), "--temperature", temperature, "--out", paths.rft_data, "--merge-with", paths.seed_data)
 
-
-def policy_server(c: Common, plan: StagePlan) -> None:
-    """The SFT policy behind SGLang on the policy GPUs, for the RFT sampling (the preset's engine size)."""
-    r, gpus = c.r, c.gpus
-    model = r.get("POLICY_MODEL_PATH", c.paths.sft_hf)
-    tp = r.uint("POLICY_TP", c.value("ROLLOUT_GPUS_PER_ENGINE"))
-    mem = r.number("POLICY_MEM_FRACTION", "0.7")
-    if gpus.num_policy % tp:
-        raise Refused(f"POLICY_TP={tp} does not divide the {gpus.num_policy} policy GPUs ({gpus.policy})")
-    need_file(c, f"{model}/config.json", "policy model (scripts/convert_megatron_to_hf.sh)")
-    port = r.uint("POLICY_PORT", 30000)
-    need_port_free(c, port, "policy server")
-    need_gpus(c, gpus.policy, "policy server")
-    sizing(c, plan, "policy-server", Layout(nodes=1, gpus_per_node=gpus.num_policy, rollout_gpus=gpus.num_policy,
-                                            engine_gpus=tp, mem_fraction=float(mem), train=False))
-    r.note(f"layout {gpus.name}: policy server on GPUs {gpus.policy} (TP{tp} x DP{gpus.num_policy // tp})")
-    plan.add("run", "env", f"CUDA_VISIBLE_DEVICES={gpus.policy}", r.get("PYTHON", "python3"), "-m",
-             "sglang.launch_server", "--model-path", model, "--host", r.get("POLICY_HOST", "127.0.0.1"), "--port",
-             str(port), "--tp-size", str(tp), "--dp-size", str(gpus.num_policy // tp), "--mem-fraction-static", mem)

@@ -18,6 +18,8 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tau2_rl_pipeline.launch.settings import GPU_LAYOUTS
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = ROOT / "scripts"
 PIPELINE = SCRIPTS / "pipeline.sh"
@@ -214,13 +216,6 @@ def dry_run_plan(layout: str = "8", bash: str = "bash") -> Plan:
     return parse_plan(proc.stdout, out_dir, layout)
 
 
-
-def gpu_layouts(bash: str = "bash") -> list[str]:
-    """The GPU layouts scripts/common.sh accepts, as its own error for an unknown TAU2_GPU_LAYOUT lists them."""
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8", "TAU2_GPU_LAYOUT": "?"}
-    proc = subprocess.run([bash, "-c", 'source "$1"', "gpu_layouts", str(SCRIPTS / "common.sh")], env=env,
-                          capture_output=True, text=True, timeout=60, check=False)
-    match = re.search(r"TAU2_GPU_LAYOUT=\? is not one of: (.+)$", proc.stderr.strip())
-    if proc.returncode == 0 or not match:
-        raise RuntimeError(f"cannot read the GPU layouts from scripts/common.sh: {proc.stderr.strip() or 'no error'}")
-    return [x.strip() for x in match.group(1).split(",")]
+def gpu_layouts() -> list[str]:
+    """The GPU layouts the stage scripts accept (TAU2_GPU_LAYOUT), as the planner defines them."""
+    return list(GPU_LAYOUTS)
