@@ -55,5 +55,5 @@ SLIME_SFT = SlimeSft()
 
 
 def spelled(value: float) -> str:
-    """A default as the scripts' variables spell it (0.2, 1e-06 -> 1e-6 is not needed: no lr here)."""
+    """A default as the scripts' variables spell it (0.2, 0.001: the flags slime gets)."""
     return f"{value:g}"

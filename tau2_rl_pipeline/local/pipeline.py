@@ -41,6 +41,7 @@ from tau2_rl_pipeline.benchmark.tau2_version import (
 )
 from tau2_rl_pipeline.config import ConfigError, Tau2Config, add_config_args, command_parser, config_from_args
 from tau2_rl_pipeline.files import atomic_write_bytes
+from tau2_rl_pipeline.launch.recipe import POLICY_LOSS
 from tau2_rl_pipeline.local.demo_report import (
     ALGORITHMS,
     grpo_summary,
@@ -225,8 +226,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--grpo-n", type=int, default=8, help="samples per task (the GRPO group)")
     g.add_argument("--grpo-lr", type=float, default=1e-4)
     g.add_argument("--grpo-temperature", type=float, default=1.0)
-    g.add_argument("--kl-coef", type=float, default=0.01, help="low_var_kl to the starting checkpoint")
-    g.add_argument("--entropy-coef", type=float, default=0.001)
+    g.add_argument("--kl-coef", type=float, default=POLICY_LOSS.kl_coef, help="low_var_kl to the starting checkpoint")
+    g.add_argument("--entropy-coef", type=float, default=POLICY_LOSS.entropy_coef)
     g.add_argument("--wandb-project", default=None, help="also log training to wandb (offline without a key)")
     add_config_args(p)
     return p
