@@ -89,5 +89,6 @@ step_check() {
   note "$(grep -m1 -o 'cluster check: .*' "${log}" || printf 'cluster check passed')"
 }
 
-# slime's job: watched on a cluster this script started on several nodes (WATCH_CMD, cluster_watch.sh).
+# slime's job: watched on a cluster this script started on several nodes (WATCH_CMD, cluster_watch.sh). The place
+# for a supervisor that restarts a failed job (MAX_RESTARTS) is here, around watched_job: the plan stays the same.
 step_job() { watched_job "$@"; }

@@ -113,6 +113,7 @@ def test_secrets_stay_out_of_the_argv_and_the_runtime_env() -> None:
     p = plan("grpo", WANDB_API_KEY="sk-planner-SECRET", TAU2_JUDGE_API_KEY="sk-judge-SECRET")
     assert "--use-wandb" in p.argv and not any("SECRET" in a for a in p.argv)
     assert "SECRET" not in str(p.runtime_env) and any("TAU2_JUDGE_API_KEY" in n for n in p.notes)
+    assert "SECRET" not in p.to_bash()  # what the script evaluates: the secrets stay in its environment only
 
 
 def test_a_running_cluster_is_joined_and_its_nodes_planned(tmp_path) -> None:
