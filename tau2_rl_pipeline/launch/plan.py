@@ -41,9 +41,6 @@ class StagePlan:
     def add(self, verb: str, *args: str) -> None:
         self.steps.append(Step(verb, tuple(args)))
 
-    def commands(self, verb: str) -> list[tuple[str, ...]]:
-        return [s.args for s in self.steps if s.verb == verb]
-
     def to_bash(self) -> str:
         """The exports, the runner's variables and the steps, as lines of shell words for scripts/common.sh."""
         lines = [f"export {k}={shlex.quote(v)}" for k, v in self.exports.items()]
