@@ -5,8 +5,7 @@
 # that worker's Ray once the head has been silent for RAY_HEAD_LOST_TIMEOUT seconds. What each fault does on separate
 # hosts, with times: tests/contract/test_hosts_faults.py, docs/hardening.md.
 
-RAY_HEAD_LOST_TIMEOUT="${RAY_HEAD_LOST_TIMEOUT:-60}"
-require_uint RAY_HEAD_LOST_TIMEOUT "${RAY_HEAD_LOST_TIMEOUT}"
+WATCH_CMD=()  # the plan's: the watch of a cluster started here on several nodes (empty: nothing to watch)
 
 # After a worker's `ray start` over ssh: a loop on that worker that stops its Ray once the head's GCS has not
 # answered for RAY_HEAD_LOST_TIMEOUT seconds, and ends by itself (within 5 s) once that worker's raylet is gone (the
@@ -33,31 +32,6 @@ stop_process() {
 NODE_LOST_STATUS=75
 node_lost() { (die "$@") || exit "${NODE_LOST_STATUS}"; }
 
-# MAX_RESTARTS=N (default 0: off): on a HOSTFILE cluster, a stage stopped by a node fault waits (at most
-# RESTART_WAIT_TIMEOUT s, one line a minute) until every host answers ssh and holds no Ray, then reruns itself from
-# its checkpoint, at most N times. Each Ray stage script calls this first, with its arguments: it re-execs the script
-# under the supervisor (tau2_rl_pipeline/cluster/restarts.py, which sets STAGE_RESTARTS for the stage), or does
-# nothing when off or already supervised. A dry run prints the supervisor's command and goes on.
-MAX_RESTARTS="${MAX_RESTARTS:-0}"
-RESTART_WAIT_TIMEOUT="${RESTART_WAIT_TIMEOUT:-1800}"
-[[ "${MAX_RESTARTS}" =~ ^[0-9]+$ ]] || die "MAX_RESTARTS=${MAX_RESTARTS} must be a whole number of restarts (0: off)"
-require_uint RESTART_WAIT_TIMEOUT "${RESTART_WAIT_TIMEOUT}"
-restart_on_node_faults() {
-  ((MAX_RESTARTS > 0)) && [[ -z "${STAGE_RESTARTS:-}" ]] || return 0
-  [[ -z "${RAY_ADDRESS}" ]] ||
-    die "MAX_RESTARTS=${MAX_RESTARTS} restarts a stage on a cluster the scripts start (HOSTFILE); a cluster joined with RAY_ADDRESS restarts jobs by its own manager (Slurm: --requeue)"
-  if [[ -z "${HOSTFILE}" ]]; then
-    note "MAX_RESTARTS=${MAX_RESTARTS}: one node, no node fault to restart after (it applies with HOSTFILE)"
-    return 0
-  fi
-  local -a cmd=(env PYTHONPATH="${TAU2_ROOT}${PYTHONPATH:+:${PYTHONPATH}}" python3 -m tau2_rl_pipeline.cluster.restarts
-    --prog "${PROG}" --max-restarts "${MAX_RESTARTS}" --wait-timeout "${RESTART_WAIT_TIMEOUT}"
-    --workers "$(IFS=,; printf '%s' "${WORKERS[*]}")" --ssh "${RAY_SSH}" --head "${MASTER_ADDR}:${RAY_GCS_PORT}"
-    --dashboard-port "${RAY_DASHBOARD_PORT}" -- bash "$(abs_path "$0")" "$@")
-  if is_dry; then show_cmd "${cmd[@]}"; return 0; fi
-  exec "${cmd[@]}"
-}
-
 # The watch's verdict in its log $1 (the line naming the node that was lost), or nothing.
 watch_verdict() { grep -m1 -E '^cluster watch: (worker|the head) ' "$1" || true; }
 
@@ -67,16 +41,14 @@ watch_verdict() { grep -m1 -E '^cluster watch: (worker|the head) ' "$1" || true;
 # end. A job that fails by itself gets the watch's word for a few seconds, in case a node's loss is why. With
 # RAY_ADDRESS the cluster's own manager (Slurm, KubeRay) watches its nodes; one node has nothing to watch.
 watched_job() {
-  if is_dry || ((NUM_NODES == 1)) || [[ -n "${RAY_ADDRESS}" ]]; then
+  if is_dry || ((${#WATCH_CMD[@]} == 0)); then
     run "$@"
     return
   fi
   local log="${LOG_DIR}/cluster_watch.log" watch job rc=0 line i
   mkdir -p "${LOG_DIR}"
   show_cmd "$@"
-  env PYTHONPATH="${TAU2_ROOT}" "${PYTHON}" -m tau2_rl_pipeline.cluster.watch \
-    --address "${MASTER_ADDR}:${RAY_GCS_PORT}" --expect "$(IFS=,; printf '%s' "${MASTER_ADDR},${WORKERS[*]}")" \
-    >"${log}" 2>&1 &
+  "${WATCH_CMD[@]}" >"${log}" 2>&1 &
   watch=$!
   "$@" &
   job=$!

@@ -14,30 +14,4 @@
 set -euo pipefail
 # shellcheck source-path=SCRIPTDIR source=common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
-
-ROUTER_WORKER_URLS="${ROUTER_WORKER_URLS:-}"
-ROUTER_HOST="${ROUTER_HOST:-127.0.0.1}"
-ROUTER_PORT="${ROUTER_PORT:-30100}"
-ROUTER_POLICY="${ROUTER_POLICY:-cache_aware}"
-ROUTER_METRICS_PORT="${ROUTER_METRICS_PORT:-29000}"  # the router's Prometheus port: one per router on a node
-
-[[ -n "${ROUTER_WORKER_URLS}" ]] ||
-  die "ROUTER_WORKER_URLS is empty: list the SGLang servers to route to, comma-separated (http://host:port,...)"
-read -r -a WORKER_URLS <<<"${ROUTER_WORKER_URLS//,/ }"
-for url in "${WORKER_URLS[@]}"; do
-  [[ "${url}" =~ ^https?://[^/]+:[0-9]+/?$ ]] ||
-    die "ROUTER_WORKER_URLS: '${url}' is not http://host:port (a server's root, without /v1)"
-done
-require_uint ROUTER_PORT "${ROUTER_PORT}"
-require_uint ROUTER_METRICS_PORT "${ROUTER_METRICS_PORT}"
-require_choice ROUTER_POLICY "${ROUTER_POLICY}" cache_aware round_robin power_of_two random
-require_port_free "${ROUTER_PORT}" "router"
-require_port_free "${ROUTER_METRICS_PORT}" "router metrics (ROUTER_METRICS_PORT; another router on this node?)"
-for url in "${WORKER_URLS[@]}"; do require_server "${url%/}/health" "SGLang server behind the router"; done
-note "router on ${ROUTER_HOST}:${ROUTER_PORT} (${ROUTER_POLICY}) in front of ${#WORKER_URLS[@]} server(s)"
-
-# exec: a signal to this script (Ctrl-C, a supervisor's SIGTERM) reaches the router itself.
-ROUTER_CMD=("${PYTHON}" -m sglang_router.launch_router --host "${ROUTER_HOST}" --port "${ROUTER_PORT}"
-  --prometheus-port "${ROUTER_METRICS_PORT}" --policy "${ROUTER_POLICY}" --worker-urls "${WORKER_URLS[@]}")
-show_cmd "${ROUTER_CMD[@]}"
-is_dry || exec "${ROUTER_CMD[@]}"
+plan_stage router  # tau2_rl_pipeline/launch: every setting above read, checked and run there

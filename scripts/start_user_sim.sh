@@ -11,22 +11,4 @@
 set -euo pipefail
 # shellcheck source-path=SCRIPTDIR source=common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
-
-USER_SIM_MODEL_PATH="${USER_SIM_MODEL_PATH:-${USER_SIM_HF_DIR}}"
-USER_SIM_HOST="${USER_SIM_HOST:-127.0.0.1}"
-USER_SIM_MEM_FRACTION="${USER_SIM_MEM_FRACTION:-0.85}"
-USER_SIM_TOOL_PARSER="${USER_SIM_TOOL_PARSER:-qwen25}"
-
-served_endpoint TAU2_USER_API_BASE TAU2_USER_MODEL http://127.0.0.1:30001/v1 "user simulator"
-USER_SIM_PORT="${SERVED_PORT}"
-require_number USER_SIM_MEM_FRACTION "${USER_SIM_MEM_FRACTION}"
-USER_SIM_DP=$((NUM_USER_SIM_GPUS / USER_SIM_TP))
-
-require_file "${USER_SIM_MODEL_PATH}/config.json" "user simulator model (scripts/download.sh)"
-require_port_free "${USER_SIM_PORT}" "user simulator"
-require_gpus "${USER_SIM_GPUS}" "user simulator"
-note "layout ${TAU2_GPU_LAYOUT}: user simulator on GPUs ${USER_SIM_GPUS} (TP${USER_SIM_TP} x DP${USER_SIM_DP})"
-
-launch_sglang "${USER_SIM_GPUS}" "${USER_SIM_MODEL_PATH}" "${USER_SIM_HOST}" "${USER_SIM_PORT}" "${USER_SIM_TP}" \
-  "${USER_SIM_DP}" "${USER_SIM_MEM_FRACTION}" --served-model-name "${SERVED_NAME}" \
-  --tool-call-parser "${USER_SIM_TOOL_PARSER}"
+plan_stage user_sim  # tau2_rl_pipeline/launch: every setting above read, checked and run there

@@ -8,9 +8,4 @@
 set -euo pipefail
 # shellcheck source-path=SCRIPTDIR source=common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
-
-export SFT_DATA="${RFT_DATA}"
-export SFT_INIT_DIR="${RFT_INIT_DIR:-${BASE_TORCH_DIST_DIR}}"
-export SFT_SAVE_DIR="${RFT_CKPT_DIR}"
-export SFT_WANDB_GROUP="${RFT_WANDB_GROUP:-rft-${MODEL_SHORT}}"
-STAGE_SCRIPT=train_rft.sh exec bash "${SCRIPTS_DIR}/train_sft.sh"
+plan_stage rft  # tau2_rl_pipeline/launch: every setting above read, checked and run there

@@ -136,7 +136,7 @@ class Tau2Config:
         "asynchronous GRPO's bound eta (scripts/train_grpo.sh sets it from GRPO_MAX_STALENESS): no trained token "
         "comes from weights more than eta versions behind the weights training it; slime's fully async rollout "
         "starts new groups only while that can hold and masks, counted, the turns that still fall past it; "
-        "-1 = unbounded (slime's own behaviour; the stage script passes 2, bench/README.md P12); 0 is refused there "
+        "-1 = unbounded (slime's own behaviour; the stage script passes 1, bench/README.md P12); 0 is refused there "
         "(train_async.py is always one version behind: eta = 0 is the synchronous path)", min_value=-1))
     partial_resume: bool = field(default=True, metadata=_meta(
         "slime runs with --partial-rollout: an episode cut by the rollout (slime's end-of-rollout abort, or a weight "

@@ -411,14 +411,16 @@ def test_the_readmes_multi_node_command_dry_runs_as_typed(tmp_path: Path) -> Non
 
 
 def test_a_worker_whose_ray_start_fails_is_named_with_its_last_line(tmp_path: Path) -> None:
-    """ray_start_workers, as the stage scripts call it, with a stand-in `ray` that fails as Ray does when the head's
-    GCS cannot be reached (the real one needs a head: tests/contract/test_ray_cluster.py)."""
+    """The runner's worker steps (step_worker, step_workers_wait), as a stage plan calls them, with a stand-in `ray`
+    that fails as Ray does when the head's GCS cannot be reached (the real one needs a head:
+    tests/contract/test_ray_cluster.py)."""
     bindir = tmp_path / "bin"
     bindir.mkdir()
     (bindir / "ray").write_text("#!/bin/sh\necho 'Connecting to 10.0.0.1:6379'\n"
                                 "echo 'ConnectionError: could not reach the GCS at 10.0.0.1:6379' >&2\nexit 1\n")
     (bindir / "ray").chmod(0o755)
-    driver = 'source "$1/scripts/common.sh"; ray_start_workers'
+    driver = ('source "$1/scripts/common.sh"; MASTER_ADDR=10.0.0.1 RAY_GCS_PORT=6379; for ip in 10.0.0.2 10.0.0.3; do '
+              'step_worker "${ip}" "${SLIME_DIR}" 0 ray start --address 10.0.0.1:6379; done; step_workers_wait')
     env = {"PATH": f"{bindir}:/usr/bin:/bin", "HOME": str(tmp_path), "TAU2_OUT_DIR": str(tmp_path / "out"),
            "SLIME_DIR": str(tmp_path), "HOSTFILE": hostfile(tmp_path, "10.0.0.2", "10.0.0.3"), "RAY_WORKER_LAUNCH": "local",
            **NETWORK}
@@ -526,9 +528,12 @@ def test_a_head_that_fails_to_start_is_stopped_and_no_worker_started(tmp_path: P
 
 
 def test_stopping_the_cluster_twice_stops_each_host_once(tmp_path: Path) -> None:
-    """ray_stop_cluster called by a script, then by the EXIT trap: every host stopped once."""
+    """ray_stop_cluster called by a script, then by the EXIT trap: every host stopped once (the head and workers
+    started by the runner's steps, over the stand-in ssh)."""
     bindir = fake_cluster_tools(tmp_path)
-    driver = 'source "$1/scripts/common.sh"; ray_start_head; ray_start_workers; ray_stop_cluster; ray_stop_cluster'
+    driver = ('source "$1/scripts/common.sh"; WORKER_SSH=(ssh); step_head ray start --head; '
+              'for ip in 127.0.0.5 127.0.0.6 127.0.0.7; do step_worker "${ip}" "${SLIME_DIR}" 0 ray start; done; '
+              'step_workers_wait; ray_stop_cluster; ray_stop_cluster')
     calls = tmp_path / "calls"
     env = {"PATH": f"{bindir}:/usr/bin:/bin", "HOME": str(tmp_path), "TAU2_OUT_DIR": str(tmp_path / "out"),
            "SLIME_DIR": str(tmp_path), "HOSTFILE": hostfile(tmp_path, "127.0.0.5", "127.0.0.6", "127.0.0.7"),

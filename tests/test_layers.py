@@ -24,6 +24,7 @@ LAYERS = {
     "cluster": 1,         # the cluster tools the scripts run: the check, the watch, interfaces and inputs
     "rollout": 2,         # token in, token out
     "learning": 3,        # rewards, curriculum, losses, SFT data
+    "launch": 3,          # the stage planner: one plan per slime stage (imports config, scale, cluster, rollout's rule)
     "eval": 4,            # the Pass@K evaluator
     "slime_plugins": 4,   # what slime loads by dotted path
     "selection": 5,       # RFT selection and the difficulty filter: they read evaluator runs

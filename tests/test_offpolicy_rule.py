@@ -9,11 +9,9 @@ from argparse import Namespace
 
 import pytest
 
+from tau2_rl_pipeline.rollout.offpolicy import PROJECT_ASYNC_ROLLOUT, SLIME_ASYNC_ROLLOUT, SLIME_ROLLOUT
 from tau2_rl_pipeline.slime_plugins.awsft import LOSS_FUNCTION_PATH
 from tau2_rl_pipeline.slime_plugins.offpolicy_guard import (
-    PROJECT_ASYNC_ROLLOUT,
-    SLIME_ASYNC_ROLLOUT,
-    SLIME_ROLLOUT,
     UnguardedOffPolicy,
     notice,
     refusal,

@@ -157,11 +157,10 @@ def test_the_dry_run_shows_the_stage_rerun_under_the_supervisor(tmp_path: Path, 
     assert result.rc == 0, result.text
     (cmd,) = [c for c in result.commands if "tau2_rl_pipeline.cluster.restarts" in c]
     argv = cmd[cmd.index("tau2_rl_pipeline.cluster.restarts") + 1:]
-    stage = "train_sft.sh" if script == "train_rft.sh" else script  # train_rft.sh is train_sft.sh with RFT's settings
     assert argv[:argv.index("--")] == ["--prog", script, "--max-restarts", "2", "--wait-timeout", "600",
                                        "--workers", "10.0.0.2", "--ssh", "ssh -o BatchMode=yes -o ConnectTimeout=10",
                                        "--head", f"{MASTER}:6379", "--dashboard-port", "8265"]
-    assert argv[argv.index("--") + 1:] == ["bash", str(ROOT / "scripts" / stage)]
+    assert argv[argv.index("--") + 1:] == ["bash", str(ROOT / "scripts" / script)]
     assert not [c for c in run_script(script, tmp_path, **NETWORK, MAX_RESTARTS="0",
                                       HOSTFILE=hostfile(tmp_path, MASTER, "10.0.0.2 slots=8")).commands
                 if "tau2_rl_pipeline.cluster.restarts" in c]

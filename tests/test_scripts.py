@@ -230,9 +230,9 @@ def test_the_dynamic_filter_is_always_on(dry_dir: Path, value: str) -> None:
 
 
 @pytest.mark.parametrize("env, says", [
-    ({"GRPO_MASK_OFFPOLICY": "0", "GRPO_USE_TIS": "0"}, "GRPO_USE_TIS=1 or GRPO_MASK_OFFPOLICY=1"),
-    ({"GRPO_MASK_OFFPOLICY": "0", "GRPO_USE_TIS": "0", "GRPO_ASYNC": "1"}, "GRPO_USE_TIS=1 or GRPO_MASK_OFFPOLICY=1"),
-    ({"GRPO_MASK_OFFPOLICY": "0", "GRPO_ALGORITHM": "awsft"}, "awsft never applies TIS"),
+    ({"GRPO_MASK_OFFPOLICY": "0", "GRPO_USE_TIS": "0"}, "GRPO_MASK_OFFPOLICY=1 or GRPO_USE_TIS=1"),
+    ({"GRPO_MASK_OFFPOLICY": "0", "GRPO_USE_TIS": "0", "GRPO_ASYNC": "1"}, "GRPO_MASK_OFFPOLICY=1 or GRPO_USE_TIS=1"),
+    ({"GRPO_MASK_OFFPOLICY": "0", "GRPO_ALGORITHM": "awsft"}, "the AWSFT custom loss never applies TIS"),
 ])
 def test_training_old_weight_turns_without_tis_is_refused(tmp_path: Path, env: dict, says: str) -> None:
     result = run_script("train_grpo.sh", tmp_path, **env)

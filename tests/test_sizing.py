@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from tau2_rl_pipeline.scale import cli
 from tau2_rl_pipeline.scale.placement import node_loads
 from tau2_rl_pipeline.scale.presets import DEFAULT_MODEL, PRESETS, RECIPES, defaults, layout_for
 from tau2_rl_pipeline.scale.sizing import (
@@ -275,58 +274,5 @@ def test_bad_preset_is_one_line(model_: str, recipe: str, world: int, words: str
     with pytest.raises(ValueError, match=None) as err:
         defaults(model_, recipe, world)
     assert words in str(err.value)
-    with pytest.raises(SystemExit) as stop:
-        cli.main(["defaults", "--model", model_, "--recipe", recipe, "--world", str(world)])
-    assert words in str(stop.value.code) and "\n" not in str(stop.value.code)
 
 
-def check_argv(**over: str) -> list[str]:
-    args = {"--name": "qwen3-8b", "--model-file": str(MODELS / "qwen3-8B.sh"), "--stage": "grpo", "--nodes": "1",
-            "--gpus-per-node": "4", "--tp": "2", "--max-tokens-per-gpu": "12288", "--rollout-gpus": "4",
-            "--engine-gpus": "1", "--colocated": "1", "--rollout-batch": "16", "--samples": "4", "--max-turns": "30"}
-    args.update({f"--{k.replace('_', '-')}": v for k, v in over.items()})
-    return ["check", *[x for kv in args.items() for x in kv]]
-
-
-def test_cli_prints_the_sheet(capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli.main(check_argv()) == 0
-    err = capsys.readouterr().err
-    assert "8.19e9 parameters" in err and "TP2 PP1 CP1 EP1 DP2" in err and "64 episodes" in err
-    assert "error" not in err
-
-
-def test_cli_refuses_in_one_line_unless_forced(capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli.main(check_argv(tp="1")) == 1
-    errors = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
-    assert len(errors) == 1 and "training needs" in errors[0] and "CPU_ADAM=1" in errors[0]
-    assert cli.main(check_argv(tp="1", force="1")) == 0
-    assert "warning: training needs" in capsys.readouterr().err
-
-
-def test_cli_names_an_unreadable_model_file(tmp_path: Path) -> None:
-    (tmp_path / "m.sh").write_text("MODEL_ARGS=(\n  --num-layers 2\n)\n")
-    with pytest.raises(SystemExit) as stop:
-        cli.main(check_argv(model_file=str(tmp_path / "m.sh")))
-    assert "lack --hidden-size" in str(stop.value.code) and "\n" not in str(stop.value.code)
-
-
-def test_cli_prints_host_memory_and_refuses_over_host_mem_gb(capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli.main(check_argv()) == 0  # qwen3-8b, 4 actors with two backups each, 4 colocated SGLang GPUs
-    err = capsys.readouterr().err
-    assert "host memory, per node: 217.0 GiB = 4 training actor(s) x 31.3" in err and "HOST_MEM_GB unset" in err
-    assert cli.main(check_argv(host_mem_gb="256")) == 0
-    assert cli.main(check_argv(host_mem_gb="200")) == 1
-    errors = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
-    assert len(errors) == 1 and "host memory: a node needs 217.0 GiB, over 95% of HOST_MEM_GB=200" in errors[0]
-
-
-def test_cli_warns_when_this_machine_has_less(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """HOST_MEM_GB unset: a real run reads the head's MemTotal, and says so as a warning, not a refusal."""
-    meminfo = tmp_path / "meminfo"
-    meminfo.write_text(f"MemTotal:       {128 * 1024 * 1024} kB\nMemFree:        1024 kB\n")
-    assert cli.main([*check_argv(), "--meminfo", str(meminfo)]) == 0
-    warnings = [line for line in capsys.readouterr().err.splitlines() if "warning:" in line]
-    assert len(warnings) == 1 and "217.0 GiB, over 95% of this machine's 128.0 GiB" in warnings[0]
-    meminfo.write_text(f"MemTotal:       {1024 * 1024 * 1024} kB\n")
-    assert cli.main([*check_argv(), "--meminfo", str(meminfo)]) == 0
-    assert "warning" not in capsys.readouterr().err

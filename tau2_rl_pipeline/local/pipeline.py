@@ -52,6 +52,7 @@ from tau2_rl_pipeline.config import (
     config_from_args,
 )
 from tau2_rl_pipeline.files import atomic_write_bytes
+from tau2_rl_pipeline.launch.recipe import POLICY_LOSS
 from tau2_rl_pipeline.local.demo_report import (
     ALGORITHMS,
     grpo_summary,
@@ -239,11 +240,12 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("GRPO / AWSFT: the policy stage", more=True)
     g.add_argument("--grpo-steps", type=COUNT, default=6)
     g.add_argument("--grpo-tasks-per-step", type=COUNT, default=3)
-    g.add_argument("--grpo-n", type=Bounded(int, at_least=2, why="a group of one has no advantage"), default=8, help="samples per task (the GRPO group)")
+    g.add_argument("--grpo-n", type=Bounded(int, at_least=2, why="a group of one has no advantage"), default=8,
+                   help="samples per task (the GRPO group)")
     g.add_argument("--grpo-lr", type=LEARNING_RATE, default=1e-4)
     g.add_argument("--grpo-temperature", type=TEMPERATURE, default=1.0)
-    g.add_argument("--kl-coef", type=COEFFICIENT, default=0.01, help="low_var_kl to the starting checkpoint")
-    g.add_argument("--entropy-coef", type=COEFFICIENT, default=0.001)
+    g.add_argument("--kl-coef", type=COEFFICIENT, default=POLICY_LOSS.kl_coef, help="low_var_kl to the starting checkpoint")
+    g.add_argument("--entropy-coef", type=COEFFICIENT, default=POLICY_LOSS.entropy_coef)
     g.add_argument("--wandb-project", default=None, help="also log training to wandb (offline without a key)")
     add_config_args(p)
     return p

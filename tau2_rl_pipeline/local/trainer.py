@@ -36,6 +36,7 @@ from typing import Any
 import torch
 
 from tau2_rl_pipeline.files import atomic_write_bytes, staging_dir
+from tau2_rl_pipeline.launch.recipe import POLICY_LOSS
 from tau2_rl_pipeline.learning.losses import (
     REDUCTIONS,
     gather_logprobs,
@@ -60,18 +61,18 @@ class TrainConfig:
 
     log_jsonl: str | Path  # one JSON line per optimizer step, always
     lr: float = 1e-5
-    weight_decay: float = 0.1  # AdamW, on matrices only: not on norms or biases (Megatron's default groups)
-    betas: tuple[float, float] = (0.9, 0.98)
+    weight_decay: float = POLICY_LOSS.weight_decay  # AdamW, on matrices only: not on norms or biases (Megatron's default groups)
+    betas: tuple[float, float] = POLICY_LOSS.betas
     micro_batch_size: int = 1  # sequences per forward pass
     grad_accum_steps: int = 1  # SFT: micro-batches per optimizer step (GRPO: one step per grpo_step call)
     max_grad_norm: float = 1.0  # clip the global grad norm to this (the logged grad_norm is before clipping)
     epochs: int = 1  # SFT passes over the examples
-    eps_clip: float = 0.2  # PPO lower clip: ratio >= 1 - eps_clip
-    eps_clip_high: float = 0.28  # PPO upper clip: ratio <= 1 + eps_clip_high (slime's clip-higher)
+    eps_clip: float = POLICY_LOSS.eps_clip  # PPO lower clip: ratio >= 1 - eps_clip
+    eps_clip_high: float = POLICY_LOSS.eps_clip_high  # PPO upper clip: ratio <= 1 + eps_clip_high (slime's clip-higher)
     kl_coef: float = 0.0  # GRPO and AWSFT: > 0 keeps a frozen copy of the starting model, adds kl_coef * low_var_kl
     entropy_coef: float = 0.0  # loss -= entropy_coef * mean entropy
     rollout_temperature: float = 1.0  # GRPO: logits / T, to score tokens under the distribution they came from
-    loss_reduction: str = "sample_mean"  # GRPO and AWSFT: sample_mean (slime's default) or token_mean (losses.py)
+    loss_reduction: str = POLICY_LOSS.loss_reduction  # GRPO and AWSFT: sample_mean (slime's default) or token_mean (losses.py)
     device: str = "cpu"
     dtype: str = "float32"  # autocast compute dtype: float32 or bfloat16
     seed: int = 0  # torch RNG and example shuffling

@@ -1,11 +1,12 @@
-"""The slime pipeline as scripts/pipeline.sh runs it, read from its own dry run (so a picture of it cannot drift).
+"""The slime pipeline as scripts/pipeline.sh runs it, read from the planner's plan of it (so a picture cannot drift).
 
-`DRY_RUN=1 bash scripts/pipeline.sh` prints a header per stage (`==> stage 4/9 sft: running, output: ...`) and
-every command each stage script would run (`+ <command>`, shell-quoted). From those lines alone this module
-recovers, per stage: the stage scripts it runs, the programs they start, the files it writes and which earlier
-stage's files it reads, the servers it talks to, and on which GPUs each server runs. Parsing is pure (text in,
-`Plan` out); `dry_run_plan` runs the script in a clean environment with an empty output directory, so every stage
-runs (none is skipped) and nothing of the caller's TAU2_* settings leaks into the picture.
+The pipeline's plan (tau2_rl_pipeline/launch) holds a header per stage (`==> stage 4/9 sft: running, output: ...`)
+and the steps it runs, each stage script's own plan included: the commands `DRY_RUN=1 bash scripts/pipeline.sh`
+prints. From those commands this module recovers, per stage: the stage scripts it runs, the programs they start,
+the files it writes and which earlier stage's files it reads, the servers it talks to, and on which GPUs each
+server runs. Reading is pure
+(commands in, `Plan` out; `parse_plan` reads the printed dry run the same way); `dry_run_plan` plans in a clean
+environment with an empty output directory, so every stage runs and nothing of the caller's settings leaks in.
 """
 
 from __future__ import annotations
@@ -13,10 +14,13 @@ from __future__ import annotations
 import os
 import re
 import shlex
-import subprocess
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from tau2_rl_pipeline.launch.build import plan_stage
+from tau2_rl_pipeline.launch.plan import StagePlan
+from tau2_rl_pipeline.launch.settings import GPU_LAYOUTS
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = ROOT / "scripts"
@@ -169,21 +173,27 @@ class _StageReader:
 
 
 def parse_plan(stdout: str, out_dir: str, layout: str = "8") -> Plan:
-    """Read a pipeline dry run's stdout (out_dir: the TAU2_OUT_DIR it ran with) into a Plan."""
-    out_dir = out_dir.rstrip("/")
-    blocks: list[tuple[re.Match, list[list[str]]]] = []
+    """Read a pipeline dry run's printed stdout (out_dir: the TAU2_OUT_DIR it ran with) into a Plan."""
+    blocks: list[tuple[str, list[list[str]]]] = []
     for line in stdout.splitlines():
-        header = HEADER.match(line)
-        if header:
-            blocks.append((header, []))
+        if HEADER.match(line):
+            blocks.append((line, []))
         elif line.startswith("+ ") and blocks:
             blocks[-1][1].append(shlex.split(line[2:]))
+    return read_blocks(blocks, out_dir, layout)
+
+
+def read_blocks(blocks: list[tuple[str, list[list[str]]]], out_dir: str, layout: str = "8") -> Plan:
+    """A Plan from each stage's header and the commands it runs."""
+    out_dir = out_dir.rstrip("/")
     if not blocks:
         raise ValueError("no stage headers in the dry run's output (is it scripts/pipeline.sh?)")
     servers: dict[str, Server] = {}
     stages: list[Stage] = []
     written: list[tuple[str, int]] = []  # (absolute artifact, stage number), in stage order
-    for header, commands in blocks:
+    for line, commands in blocks:
+        header = HEADER.match(line)
+        assert header is not None
         number, name = int(header.group(1)), header.group(3)
         outputs = list(dict.fromkeys(_artifact(o) for o in header.group(4).split()))
         reader = _StageReader(servers)
@@ -200,27 +210,52 @@ def parse_plan(stdout: str, out_dir: str, layout: str = "8") -> Plan:
     return Plan(layout, stages, servers)
 
 
-def dry_run_plan(layout: str = "8", bash: str = "bash") -> Plan:
-    """Run `DRY_RUN=1 bash scripts/pipeline.sh` on GPU layout `layout` in a clean environment and parse it."""
+def step_commands(plan: StagePlan, env: dict[str, str], start_dir: str) -> list[list[str]]:
+    """The commands a stage plan runs, a stage script's own plan's after the command that runs it."""
+    out: list[list[str]] = []
+    for step in plan.steps:
+        if step.verb in ("stage", "server"):
+            cmd = list(step.args if step.verb == "stage" else step.args[2:])
+            out.append(cmd if step.verb == "stage" else ["setsid", *cmd])
+            assigned, argv = _env_and_argv(cmd)
+            script = Path(argv[-1]).name
+            child = plan_stage(SCRIPT_STAGES[script], script, {**env, **plan.exports, **assigned}, start_dir)
+            out += step_commands(child, env, start_dir)
+        elif step.verb == "cd":
+            out.append(["cd", *step.args])
+        elif step.verb == "check":
+            out.append(list(step.args[step.args.index("--") + 1:]))
+        elif step.verb == "worker":
+            out.append(list(step.args[3:]))
+        elif step.verb in ("run", "head", "job", "exec"):
+            out.append(list(step.args))
+    return out
+
+
+# The stage scripts the pipeline runs, by the planner's stage names.
+SCRIPT_STAGES = {"download.sh": "download", "convert_hf_to_megatron.sh": "convert_hf", "train_sft.sh": "sft",
+                 "convert_megatron_to_hf.sh": "convert_megatron", "start_user_sim.sh": "user_sim",
+                 "start_policy_server.sh": "policy_server", "generate_rft.sh": "rft_gen", "train_rft.sh": "rft",
+                 "train_grpo.sh": "grpo"}
+
+
+def dry_run_plan(layout: str = "8") -> Plan:
+    """The pipeline's plan on GPU layout `layout`, from the planner's objects (what `DRY_RUN=1 bash
+    scripts/pipeline.sh` prints) in a clean environment with an empty output directory: every stage runs."""
     with tempfile.TemporaryDirectory(prefix="tau2-plan-") as tmp:
         out_dir = os.path.join(tmp, "outputs")
-        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": tmp, "LANG": "C.UTF-8", "DRY_RUN": "1",
-               "TAU2_OUT_DIR": out_dir, "TAU2_GPU_LAYOUT": layout}
-        proc = subprocess.run([bash, str(PIPELINE)], env=env, capture_output=True, text=True, cwd=tmp,
-                              timeout=120, check=False)
-    if proc.returncode != 0:
-        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        raise RuntimeError(f"DRY_RUN=1 bash {PIPELINE.relative_to(ROOT)} failed (layout {layout}): {last}")
-    return parse_plan(proc.stdout, out_dir, layout)
+        env = {"DRY_RUN": "1", "TAU2_OUT_DIR": out_dir, "TAU2_GPU_LAYOUT": layout}
+        top = plan_stage("pipeline", "pipeline.sh", env, tmp)
+        blocks: list[tuple[str, list[list[str]]]] = []
+        for step in top.steps:
+            if step.verb == "header":
+                blocks.append((step.args[0], []))
+            elif blocks:
+                sub = StagePlan(top.stage, top.prog, steps=[step], exports=top.exports)
+                blocks[-1][1].extend(step_commands(sub, env, tmp))
+        return read_blocks(blocks, out_dir, layout)
 
 
-
-def gpu_layouts(bash: str = "bash") -> list[str]:
-    """The GPU layouts scripts/common.sh accepts, as its own error for an unknown TAU2_GPU_LAYOUT lists them."""
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8", "TAU2_GPU_LAYOUT": "?"}
-    proc = subprocess.run([bash, "-c", 'source "$1"', "gpu_layouts", str(SCRIPTS / "common.sh")], env=env,
-                          capture_output=True, text=True, timeout=60, check=False)
-    match = re.search(r"TAU2_GPU_LAYOUT=\? is not one of: (.+)$", proc.stderr.strip())
-    if proc.returncode == 0 or not match:
-        raise RuntimeError(f"cannot read the GPU layouts from scripts/common.sh: {proc.stderr.strip() or 'no error'}")
-    return [x.strip() for x in match.group(1).split(",")]
+def gpu_layouts() -> list[str]:
+    """The GPU layouts the stage scripts accept (TAU2_GPU_LAYOUT), as the planner defines them."""
+    return list(GPU_LAYOUTS)

@@ -5,7 +5,7 @@ node, with an out-of-memory trace on one rank. The sheet says it first, in one l
 (the Megatron flags of scripts/models/) and the layout's parallel sizes: parameters, memory per training rank
 (weights, gradients, optimizer states, the activation budget that --max-tokens-per-gpu allows), memory per SGLang
 GPU (weights, the KV cache left at the memory fraction) and the work of one rollout step. Pure arithmetic, no I/O:
-the stage scripts reach it through tau2_rl_pipeline.scale.cli, the cost table (scale/cost.py) builds on it.
+the stage planner (tau2_rl_pipeline/launch) prints it, the cost table (scale/cost.py) builds on it.
 
 The memory model, per training rank (bf16 weights, fp32 gradient buffers as --accumulate-allreduce-grads-in-fp32
 keeps them, Adam's fp32 master weights and two moments sharded over the data-parallel ranks: slime always turns on

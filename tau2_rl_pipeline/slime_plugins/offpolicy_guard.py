@@ -1,9 +1,9 @@
-"""The off-policy rule, in its one place: refuse a run that would train stale turns as if on-policy.
+"""The off-policy guard inside the run: rollout/offpolicy.py's rule, read from slime's own args.
 
-Read from slime's own args: turns sampled by older weights with nothing to correct them, or outside the staleness
-bound.
+The rule refuses a run that would train turns sampled by older weights as if on-policy, or outside the staleness
+bound; the stage planner (tau2_rl_pipeline/launch) applies the same function to the argv it builds.
 
-The stage scripts check the same argv before they launch; a user who launches slime with their own argv meets it in
+A user who launches slime with their own argv meets it in
 the adapter: its fully async rollout calls `refuse_unguarded` before slime's worker starts, its generate at its
 first call (before any episode). Under slime's own worker a generate that raises only loses its group (the worker
 logs it and starts another, for ever), so there the adapter stops the worker and makes slime's rollout raise the
@@ -33,12 +33,13 @@ from __future__ import annotations
 
 from argparse import Namespace
 
+from tau2_rl_pipeline.rollout.offpolicy import (
+    KNOWN_ROLLOUTS,
+    PROJECT_ASYNC_ROLLOUT,
+    SLIME_ROLLOUT,
+    unguarded_refusal,
+)
 from tau2_rl_pipeline.slime_plugins.awsft import is_awsft
-
-SLIME_ROLLOUT = "slime.rollout.sglang_rollout.generate_rollout"  # slime's default --rollout-function-path
-SLIME_ASYNC_ROLLOUT = "slime.rollout.fully_async_rollout.generate_rollout_fully_async"
-PROJECT_ASYNC_ROLLOUT = "tau2_rl_pipeline.slime_plugins.adapter.generate_rollout_fully_async"
-SYNCHRONOUS_ROLLOUTS = (SLIME_ROLLOUT, "tau2_rl_pipeline.slime_plugins.sft.generate_rollout")
 
 
 class UnguardedOffPolicy(ValueError):
@@ -52,37 +53,15 @@ def rollout_function(args: Namespace) -> str:
 
 def known(args: Namespace) -> bool:
     """Whether this module knows whether the run's rollout function lets an episode cross a weight update."""
-    return rollout_function(args) in (*SYNCHRONOUS_ROLLOUTS, SLIME_ASYNC_ROLLOUT, PROJECT_ASYNC_ROLLOUT)
+    return rollout_function(args) in KNOWN_ROLLOUTS
 
 
 def refusal(args: Namespace) -> str | None:
-    """The one-line reason slime's `args` must not run, or None."""
-    function = rollout_function(args)
-    if function == SLIME_ASYNC_ROLLOUT:
-        return (f"--rollout-function-path {SLIME_ASYNC_ROLLOUT} runs this project's generate without the staleness "
-                "bound (TAU2_MAX_STALENESS) and without the abort-storm stop (slime's worker drops every group whose "
-                f"generate raised and waits for ever): pass --rollout-function-path {PROJECT_ASYNC_ROLLOUT}, the same "
-                "worker with both (GRPO_ASYNC_ROLLOUT_FUNCTION's default)")
-    if getattr(args, "mask_offpolicy_in_partial_rollout", False):
-        return None
-    if getattr(args, "partial_rollout", False):
-        mode = "--partial-rollout"
-    elif function == PROJECT_ASYNC_ROLLOUT:
-        mode = "the fully async rollout"
-    elif function in SYNCHRONOUS_ROLLOUTS:
-        return None
-    else:
-        mode = (f"--rollout-function-path {function} (a rollout function this project does not know: its episodes may "
-                "cross a weight update)")
-    if is_awsft(args):
-        return (f"{mode} without --mask-offpolicy-in-partial-rollout would train turns sampled by older weights with "
-                "nothing to correct them: the AWSFT custom loss never applies TIS; pass "
-                "--mask-offpolicy-in-partial-rollout (GRPO_MASK_OFFPOLICY=1)")
-    if not getattr(args, "use_tis", False):
-        return (f"{mode} without --mask-offpolicy-in-partial-rollout or --use-tis would train turns sampled by older "
-                "weights as if on-policy (slime's PPO ratio ignores the rollout log-probs): pass "
-                "--mask-offpolicy-in-partial-rollout or --use-tis (GRPO_MASK_OFFPOLICY=1 or GRPO_USE_TIS=1)")
-    return None
+    """The one-line reason slime's `args` must not run, or None (rollout/offpolicy.py's rule, on slime's args)."""
+    return unguarded_refusal(partial_rollout=bool(getattr(args, "partial_rollout", False)),
+                             rollout_function=rollout_function(args),
+                             masked=bool(getattr(args, "mask_offpolicy_in_partial_rollout", False)),
+                             awsft=is_awsft(args), tis=bool(getattr(args, "use_tis", False)))
 
 
 def notice(args: Namespace) -> str | None:

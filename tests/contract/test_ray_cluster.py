@@ -93,10 +93,20 @@ def tear_down(temp_dir: str) -> None:
 DRIVER = """
 set -euo pipefail
 source "$1/scripts/common.sh"
-mkdir -p "${GRPO_DATA%/*}" && printf '{}\\n' >"${GRPO_DATA}"
-cluster_placement colocate  # as train_grpo.sh: its plan is printed as the cluster comes up
+base="${TAU2_OUT_DIR}/models/Qwen3-4B-Instruct-2507"
+mkdir -p "${GRPO_DATA%/*}" "${TAU2_OUT_DIR}/checkpoints/rft" "${base}"
+printf '{}\\n' >"${GRPO_DATA}" && printf '{}\\n' >"${base}/config.json"
 ray_stop_cluster() { :; }  # never `ray stop` (every Ray on this machine): the test stops this cluster by pid
-ray_cluster_up "${CKPT_DIR}/grpo" -- --data "${GRPO_DATA}"
+step_job() { :; }  # the cluster is this test's, not slime's job
+eval "real_$(declare -f step_check)"
+step_check() {  # the data only: no checkpoint or model is made here
+  local arg keep=() skip=0
+  for arg in "$@"; do
+    if ((skip)); then skip=0; elif [[ "${arg}" == --checkpoint || "${arg}" == --hf-model ]]; then skip=1; else keep+=("${arg}"); fi
+  done
+  real_step_check "${keep[@]}"
+}
+TAU2_USER_API_BASE="" SIZING_FORCE=1 plan_stage grpo  # train_grpo.sh's plan: printed as the cluster comes up
 """
 
 
