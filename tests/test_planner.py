@@ -62,7 +62,7 @@ def test_sync_grpo_colocates_and_async_splits_the_gpus() -> None:
     split = plan("grpo", GRPO_ASYNC="1")
     got = flags(split.argv)
     assert split.entry == "train_async.py" and got["--rollout-num-gpus"] == "2" and "--colocate" not in got
-    assert got["--sglang-server-concurrency"] == str(3 * 64 // 2)  # (eta + 1) rollouts' samples over 2 engines
+    assert got["--sglang-server-concurrency"] == str(2 * 64 // 2)  # (eta + 1) rollouts' samples over 2 engines
 
 
 def test_the_off_policy_rule_is_the_guards() -> None:

@@ -16,12 +16,9 @@ import threading
 import pytest
 from slime_harness import flat, prompt_rows, reset_slime, rollout, slime_args
 
+from tau2_rl_pipeline.rollout.offpolicy import PROJECT_ASYNC_ROLLOUT, SLIME_ASYNC_ROLLOUT
 from tau2_rl_pipeline.slime_plugins.awsft import LOSS_FUNCTION_PATH
-from tau2_rl_pipeline.slime_plugins.offpolicy_guard import (
-    PROJECT_ASYNC_ROLLOUT,
-    SLIME_ASYNC_ROLLOUT,
-    UnguardedOffPolicy,
-)
+from tau2_rl_pipeline.slime_plugins.offpolicy_guard import UnguardedOffPolicy
 
 ASYNC_ROLLOUT = "tau2_rl_pipeline.slime_plugins.adapter.generate_rollout_fully_async"
 ASYNC = ("--rollout-function-path", ASYNC_ROLLOUT, "--sglang-server-concurrency", "1")

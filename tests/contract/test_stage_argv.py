@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 from test_scripts import SLIME, Result, run_script
 
-from tau2_rl_pipeline.slime_plugins.offpolicy_guard import SLIME_ASYNC_ROLLOUT, refusal
+from tau2_rl_pipeline.rollout.offpolicy import SLIME_ASYNC_ROLLOUT
+from tau2_rl_pipeline.slime_plugins.offpolicy_guard import refusal
 
 HERE = Path(__file__).resolve().parent
 LAYOUTS = {"8": (4, 2), "4": (2, 2), "2": (1, 1)}  # layout -> (policy GPUs, Megatron TP)
