@@ -34,38 +34,44 @@ watch_verdict() { grep -m1 -E '^cluster watch: (worker|the head) ' "$1" || true;
 # Run the job ($@) and, on a cluster this script started on several nodes, the watch beside it
 # (tau2_rl_pipeline/cluster/watch.py): the first node that leaves the Ray cluster (a link cut, a
 # raylet killed, the head's Ray gone) stops the job with one line naming that node, where the job would wait with no
-# end. A job that fails by itself gets the watch's word for a few seconds, in case a node's loss is why. With
-# RAY_ADDRESS the cluster's own manager (Slurm, KubeRay) watches its nodes; one node has nothing to watch.
+# end. A job that fails by itself ends with one line naming why (tau2_rl_pipeline/cluster/job_failure.py: the storage
+# full, the user simulator gone, else its last error); only a cause it cannot name waits a few seconds for the
+# watch's word, in case a node's loss is why. With RAY_ADDRESS the cluster's own manager (Slurm, KubeRay) watches its
+# nodes; one node has nothing to watch.
 watched_job() {
   if is_dry || ((NUM_NODES == 1)) || [[ -n "${RAY_ADDRESS}" ]]; then
     run "$@"
     return
   fi
-  local log="${LOG_DIR}/cluster_watch.log" watch job rc=0 line i
+  local log="${LOG_DIR}/cluster_watch.log" why watch job rc=0 line i kind="" cause=""
   mkdir -p "${LOG_DIR}"
+  why="$(mktemp)"  # local, not on the shared storage: that may be what is full
   show_cmd "$@"
   env PYTHONPATH="${TAU2_ROOT}" "${PYTHON}" -m tau2_rl_pipeline.cluster.watch \
     --address "${MASTER_ADDR}:${RAY_GCS_PORT}" --expect "$(IFS=,; printf '%s' "${MASTER_ADDR},${WORKERS[*]}")" \
     >"${log}" 2>&1 &
   watch=$!
-  "$@" &
+  "${PYTHON}" "${TAU2_ROOT}/tau2_rl_pipeline/cluster/job_failure.py" --why "${why}" -- "$@" &
   job=$!
   wait -n "${job}" "${watch}" || true
   if kill -0 "${job}" 2>/dev/null; then
     line="$(watch_verdict "${log}")"
     if [[ -n "${line}" ]]; then
+      rm -f "${why}"
       stop_process "${job}" 2>/dev/null  # not bash's "Aborted" for it
       die "${line#cluster watch: }; the job is stopped: run the same command again to resume from its last checkpoint"
     fi
     note "warning: the cluster watch ended without a verdict ($(tail -n 1 "${log}")); the job goes on unwatched"
-    wait "${job}" || rc=$?
-  else
-    wait "${job}" || rc=$?
-    for ((i = 0; rc != 0 && i < 20; i++)); do kill -0 "${watch}" 2>/dev/null || break; sleep 1; done
+  fi
+  wait "${job}" || rc=$?
+  IFS=$'\t' read -r kind cause <"${why}" || true
+  rm -f "${why}"
+  if ((rc != 0)) && [[ "${kind}" != known ]]; then
+    for ((i = 0; i < 20; i++)); do kill -0 "${watch}" 2>/dev/null || break; sleep 1; done
   fi
   stop_process "${watch}"
   line="$(watch_verdict "${log}")"
   ((rc == 0)) || [[ -z "${line}" ]] || die "${line#cluster watch: }; the job ended (exit ${rc}): run the same command again to resume from its last checkpoint"
+  ((rc == 0)) || die "${cause:-the job failed (exit ${rc})}"
   [[ -z "${line}" ]] || note "warning: ${line#cluster watch: } (the job had ended: exit 0)"
-  return "${rc}"
 }
