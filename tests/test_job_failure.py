@@ -61,6 +61,14 @@ def test_full_storage_without_a_file_name_still_says_so() -> None:
     assert failure.known and failure.line.startswith("the job could not write a file: no space left on its device")
 
 
+def test_a_checkpoint_save_that_torch_could_not_write_is_named_as_storage_too() -> None:
+    tail = ("  File \"megatron/core/dist_checkpointing/strategies/common.py\", line 48, in save_common\n"
+            "    torch.save(common_state_dict, path)\n[rank0]: RuntimeError: basic_ios::clear: iostream error\n")
+    failure = why_failed(tail, 1)
+    assert failure.known and failure.line.startswith("a checkpoint save could not write its files (torch.save: "
+                                                     "basic_ios::clear: iostream error, which is what a full disk")
+
+
 def test_a_user_simulator_gone_is_named_with_its_address_and_the_first_error() -> None:
     failure = why_failed(STORM_TAIL, 1, USER)
     assert failure.known and "\n" not in failure.line

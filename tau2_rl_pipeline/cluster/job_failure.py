@@ -3,7 +3,8 @@
 Why: a job that dies of its own fault ends in Ray's traceback, dozens of lines whose last names an exception class
 deep in a stack, and the stage script would add nothing. Two causes a multi-node run meets and a user can mend are
 named with what to do: the storage full (`OSError: [Errno 28] No space left on device`: the curriculum state
-written every rollout, or a checkpoint save, on the shared storage) and an abort storm whose first error is the
+written every rollout, or a file of a checkpoint; Megatron's save of a checkpoint's common.pt through torch.save
+says only `RuntimeError: basic_ios::clear: iostream error` there) and an abort storm whose first error is the
 user simulator's (it was killed or stopped answering: `AbortStorm: ... user simulator failed ...`). Anything else
 gets the job's last exception line and "see the job's log above"; the stage script (scripts/cluster_watch.sh,
 `watched_job`) then still waits a few seconds for the cluster watch, in case a node's loss is why.
@@ -34,6 +35,9 @@ RESUME = "run the same command again: it resumes from the last checkpoint"
 
 # `OSError: [Errno 28] No space left on device` (Python's words for ENOSPC), with the file when Python names one
 _ENOSPC = re.compile(r"\[Errno 28\] No space left on device(?::\s*'(?P<path>[^']+)')?")
+# torch.save's zip writer on a full disk (Megatron's checkpoint save, its common.pt): C++ iostream words, no errno
+_TORCH_WRITE = re.compile(r"(?P<says>basic_ios::clear: iostream error|PytorchStreamWriter failed writing file.*)$",
+                          re.MULTILINE)
 # the project's abort-storm stop (rollout/abort_storm.py), under whatever module path Ray prints the class with
 _STORM = re.compile(r"\bAbortStorm: (?P<message>stopping: .*?first error: (?P<first>.*))$", re.MULTILINE)
 # the last `SomethingError: message` line of a traceback (Ray's RayTaskError(X) included)
@@ -55,6 +59,11 @@ def why_failed(tail: str, rc: int, user_api_base: str | None = None) -> Failure:
         where = f" on the storage that holds {path}" if path else " (the shared storage: checkpoints, curriculum state)"
         return Failure(f"the job {what}: no space left on its device (ENOSPC); free space{where}, then {RESUME}",
                        known=True)
+    torch_write = list(_TORCH_WRITE.finditer(tail))
+    if torch_write:
+        return Failure(f"a checkpoint save could not write its files (torch.save: {torch_write[-1]['says'].strip()}, "
+                       "which is what a full disk gives it); free space on the storage the checkpoints go to "
+                       f"(--save), then {RESUME}", known=True)
     storms = list(_STORM.finditer(tail))
     if storms:
         first = storms[-1]["first"].strip()
