@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 from contract_tier import MEGATRON_DIR
+from support.full_storage import fill, small_filesystem
 
 from tau2_rl_pipeline.cluster.inputs import checkpoint_missing, read_checkpoint
 from tau2_rl_pipeline.cluster.job_failure import why_failed
@@ -38,26 +39,8 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="a small filesystem to
 @pytest.fixture
 def small_fs(tmp_path: Path) -> Iterator[Path]:
     """A 1 MiB tmpfs: the shared storage, small enough to fill."""
-    mount = tmp_path / "shared"
-    mount.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], check=True)
-    try:
-        yield mount
-    finally:
-        subprocess.run(["umount", str(mount)], check=True)
-
-
-def fill(fs: Path) -> Path:
-    """Write a file until the filesystem has no byte left; the file, to remove to free the space."""
-    filler = fs / "filler"
-    with open(filler, "wb", buffering=0) as f:
-        try:
-            while True:
-                f.write(b"\0" * 4096)
-        except OSError as exc:
-            assert exc.errno == errno.ENOSPC
-    assert os.statvfs(fs).f_bavail == 0
-    return filler
+    with small_filesystem(tmp_path / "shared", "1m") as fs:
+        yield fs
 
 
 def megatron_save(save: Path, iteration: int, numel: int) -> subprocess.CompletedProcess:

@@ -123,9 +123,12 @@ def shared_inputs(shared: Path, tiny_model: Path, gpus: int) -> Path:
     return out
 
 
-def start_user_sim(hosts: hosts_mod.Hosts, host: hosts_mod.Host, env: dict[str, str], shared: Path) -> None:
-    """The user simulator (a tiny model behind the loopback server) on `host` at USER_SIM_PORT, answering the head."""
-    log = open(shared / "user_sim.log", "wb")  # noqa: SIM115 - the server keeps it
+def start_user_sim(hosts: hosts_mod.Hosts, host: hosts_mod.Host, env: dict[str, str], shared: Path,
+                   log_path: Path | None = None) -> None:
+    """The user simulator (a tiny model behind the loopback server) on `host` at USER_SIM_PORT, answering the head;
+    its log in the shared directory unless `log_path` says where."""
+    log_path = log_path or shared / "user_sim.log"
+    log = open(log_path, "wb")  # noqa: SIM115 - the server keeps it
     host.popen([sys.executable, "-m", "support.loopback_server", "--model",
                 str(shared / "out/models/tiny"), "--host", host.address, "--port", str(USER_SIM_PORT),
                 "--model-name", "tiny", "--seed", "0"],
@@ -135,7 +138,7 @@ def start_user_sim(hosts: hosts_mod.Hosts, host: hosts_mod.Host, env: dict[str, 
     probe = hosts.hosts[0].run(
         ["sh", "-c", f"for i in $(seq 720); do curl -fs -o /dev/null {models} && exit 0; sleep 0.5; done; exit 1"],
         check=False)
-    assert probe.returncode == 0, (shared / "user_sim.log").read_text()[-2000:]
+    assert probe.returncode == 0, log_path.read_text()[-2000:]
 
 
 @pytest.fixture(scope="module", params=list(LAYOUTS))
