@@ -10,14 +10,15 @@ require_uint RAY_HEAD_LOST_TIMEOUT "${RAY_HEAD_LOST_TIMEOUT}"
 
 # After a worker's `ray start` over ssh: a loop on that worker that stops its Ray (`ray stop --force`: the head is
 # gone, there is nothing to stop gracefully for) once the head's GCS has not answered for RAY_HEAD_LOST_TIMEOUT
-# seconds, and ends by itself (within 1 s) once that worker's raylet is gone (the EXIT trap's `ray stop`). It knocks
-# every second with a 1 s timeout, so it starts the stop within RAY_HEAD_LOST_TIMEOUT + 3 s of the head's last
-# answer (bash's SECONDS counts whole seconds); the stop itself takes the `ray` command's start-up, a few seconds.
+# seconds, and ends by itself (within 3 s) once that worker's raylet is gone (the EXIT trap's `ray stop`). It knocks
+# every second, each knock given 2 s (room for one retransmitted SYN on a busy link), so it starts the stop within
+# RAY_HEAD_LOST_TIMEOUT + 4 s of the head's last answer (bash's SECONDS counts whole seconds); the stop itself takes
+# the `ray` command's start-up, a few seconds.
 # Why: a worker cut off from the head (its link down, the head's Ray killed, the head machine gone) keeps its raylet
 # and what it started with no end: the head's `ray stop` cannot reach it, and Ray's raylet does not exit while its
 # link is down (measured on the namespaced hosts: tests/contract/test_hosts_faults.py).
 head_leash_line() {
-  local loop="last=\${SECONDS}; while sleep 1; do pgrep -x raylet >/dev/null || exit 0; if timeout 1 bash -c 'exec 3<>/dev/tcp/${MASTER_ADDR}/${RAY_GCS_PORT}' 2>/dev/null; then last=\${SECONDS}; elif ((SECONDS - last >= ${RAY_HEAD_LOST_TIMEOUT})); then exec ray stop --force; fi; done"
+  local loop="last=\${SECONDS}; while sleep 1; do pgrep -x raylet >/dev/null || exit 0; if timeout 2 bash -c 'exec 3<>/dev/tcp/${MASTER_ADDR}/${RAY_GCS_PORT}' 2>/dev/null; then last=\${SECONDS}; elif ((SECONDS - last >= ${RAY_HEAD_LOST_TIMEOUT})); then exec ray stop --force; fi; done"
   printf '{ nohup setsid bash -c %q </dev/null >/dev/null 2>&1 & }' "${loop}"
 }
 

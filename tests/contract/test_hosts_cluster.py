@@ -29,6 +29,7 @@ from megatron_save import torch_dist_files
 from slime_harness import prompt_rows
 from support import hosts as hosts_mod
 from test_scripts import ROOT, Result
+from third_party import THIRD_PARTY_ENV, third_party_path
 
 # The tier (this module and test_hosts_faults.py) brings up Ray clusters of 2 and 4 separate hosts and runs slime's
 # job on them, then seven runs of train_grpo.sh that each meet a fault: 15-35 minutes on 2 cores, more than the test
@@ -70,6 +71,7 @@ def stage_env(shared: Path, hosts: hosts_mod.Hosts, layout: str, gpus: int) -> d
     return {
         "PATH": f"{shared / 'bin'}:{Path(sys.executable).parent}:{SYSTEM_PATH}", "HOME": str(shared / "home"),
         "LANG": "C.UTF-8", "PYTHON": sys.executable, "SLIME_DIR": str(SLIME_DIR), "MEGATRON_DIR": str(MEGATRON_DIR),
+        THIRD_PARTY_ENV: str(third_party_path()),  # hosts_job.py's own imports of slime: the sources this run uses
         "TAU2_OUT_DIR": str(out), "TAU2_GPU_LAYOUT": layout, "SIZING_FORCE": "1",
         "BASE_HF_DIR": str(out / "models/tiny"), "BASE_TORCH_DIST_DIR": str(out / "models/tiny_torch_dist"),
         "HOSTFILE": str(shared / "hostfile"), "MASTER_ADDR": head, "SLIME_HOST_IP": head,

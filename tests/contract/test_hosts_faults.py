@@ -57,7 +57,7 @@ pytestmark = [pytest.mark.skipif(WHY_NOT is not None, reason=f"namespaced hosts 
               pytest.mark.timeout(3600)]
 
 HEAD_LOST_S = 20  # RAY_HEAD_LOST_TIMEOUT for these runs (the default is 60): how long a cut-off worker keeps Ray
-LEASH_GRAIN_S = 3  # the leash knocks every second (1 s timeout) and counts bash's whole SECONDS
+LEASH_GRAIN_S = 4  # the leash knocks every second (each given 2 s) and counts bash's whole SECONDS
 RAY_STOP_S = 20  # `ray stop --force` on a loaded 2-core host: the ray command's start-up, then its kills
 SHARED_SIZE = "64m"  # the tiny model, the checkpoints' stand-ins and the logs take a few MB
 RUN_LIMIT_S = 900  # one run of the script, fault included, on a loaded 2-core machine
