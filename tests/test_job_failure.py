@@ -52,8 +52,7 @@ def test_full_storage_is_named_with_the_file_and_what_to_do() -> None:
     assert failure.known and "\n" not in failure.line
     assert failure.line == (
         "the job could not write /shared/out/checkpoints/grpo/curriculum_state.json: no space left on its device "
-        "(ENOSPC); free space on the storage that holds /shared/out/checkpoints/grpo/curriculum_state.json, then "
-        "run the same command again: it resumes from the last checkpoint")
+        "(ENOSPC); free space there, then run the same command again: it resumes from the last checkpoint")
 
 
 def test_full_storage_without_a_file_name_still_says_so() -> None:
@@ -180,7 +179,7 @@ def test_watched_job_ends_at_once_with_the_line_and_no_wait_for_the_watch(tmp_pa
     lines = proc.stderr.splitlines()
     assert proc.returncode == 1, proc.stderr
     assert lines[-1] == ("bash: error: the job could not write /s/ckpt: no space left on its device (ENOSPC); free "
-                         "space on the storage that holds /s/ckpt, then run the same command again: it resumes from "
-                         "the last checkpoint"), proc.stderr
+                         "space there, then run the same command again: it resumes from the last checkpoint"), \
+        proc.stderr
     assert [line for line in lines if "error:" in line] == lines[-1:]
     assert took < 20, took

@@ -56,7 +56,7 @@ def why_failed(tail: str, rc: int, user_api_base: str | None = None) -> Failure:
     if spaces:
         path = next((m["path"] for m in reversed(spaces) if m["path"]), None)
         what = f"could not write {path}" if path else "could not write a file"
-        where = f" on the storage that holds {path}" if path else " (the shared storage: checkpoints, curriculum state)"
+        where = " there" if path else " where it writes (the shared storage: checkpoints, curriculum state)"
         return Failure(f"the job {what}: no space left on its device (ENOSPC); free space{where}, then {RESUME}",
                        known=True)
     torch_write = list(_TORCH_WRITE.finditer(tail))

@@ -58,7 +58,7 @@ pytestmark = [pytest.mark.skipif(WHY_NOT is not None, reason=f"namespaced hosts 
 
 HEAD_LOST_S = 20  # RAY_HEAD_LOST_TIMEOUT for these runs (the default is 60): how long a cut-off worker keeps Ray
 LEASH_GRAIN_S = 4  # the leash knocks every second (each given 2 s) and counts bash's whole SECONDS
-RAY_STOP_S = 20  # `ray stop --force` on a loaded 2-core host: the ray command's start-up, then its kills
+RAY_STOP_S = 8  # `ray stop --force` on a loaded 2-core host: the ray command's start-up, then its kills
 SHARED_SIZE = "64m"  # the tiny model, the checkpoints' stand-ins and the logs take a few MB
 RUN_LIMIT_S = 900  # one run of the script, fault included, on a loaded 2-core machine
 CLEAN_LIMIT_S = HEAD_LOST_S + 120  # after the script's exit, until no host holds anything of the run
@@ -129,12 +129,11 @@ def until_clean(hosts: hosts_mod.Hosts, limit_s: float) -> dict:
 
 
 class Leash:
-    """From a fault on, the cut-off worker's Ray as its leash ends it: when its `ray stop` started and when its raylet
-    was gone, in seconds after the fault (None: not seen before the run and its clean-up ended)."""
+    """From a fault on, the cut-off worker's Ray as its leash ends it: when its raylet was gone, in seconds after the
+    fault (None: not gone before the run and its clean-up ended), looked at every half second."""
 
     def __init__(self, hosts: hosts_mod.Hosts, worker: int) -> None:
         self.hosts, self.worker, self.started = hosts, worker, time.monotonic()
-        self.stop_s: float | None = None
         self.gone_s: float | None = None
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._watch, daemon=True)
@@ -143,17 +142,14 @@ class Leash:
     def _watch(self) -> None:
         while not self._done.is_set() and self.gone_s is None:
             procs = [p.split() for p in self.hosts.processes(self.worker)]
-            now = time.monotonic() - self.started
-            if self.stop_s is None and any(" ".join(p).find("ray stop") >= 0 for p in procs):
-                self.stop_s = now
             if not any(p and p[0].endswith("raylet") for p in procs):
-                self.gone_s = now
+                self.gone_s = time.monotonic() - self.started
             time.sleep(0.5)
 
     def finish(self) -> dict:
         self._done.set()
         self._thread.join(timeout=30)
-        return {"leash_stop_s": self.stop_s, "worker_ray_gone_s": self.gone_s}
+        return {"worker_ray_gone_s": self.gone_s}
 
 
 def user_sim_pids(hosts: hosts_mod.Hosts) -> list[str]:
@@ -168,14 +164,23 @@ JOB_FAULTS = ("storage full", "user simulator killed")  # the job fails by itsel
 LEASHED = ("link cut", "head's Ray killed")  # the worker is cut off from the head's Ray: its leash stops its Ray
 
 
+def selected_faults(session: pytest.Session) -> list[str]:
+    """The faults the selected tests of this module look at (every test here takes a `fault`), in FAULTS' order:
+    `-k` picks the runs made, as a whole module takes 6-15 minutes."""
+    wanted = {item.callspec.params["fault"] for item in session.items
+              if Path(str(item.fspath)) == Path(__file__) and hasattr(item, "callspec")}
+    return [f for f in FAULTS if f in wanted]
+
+
 @pytest.fixture(scope="module")
-def faults(tmp_path_factory: pytest.TempPathFactory, tiny_small_dir: Path) -> Iterator[dict]:
+def faults(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
+           tiny_small_dir: Path) -> Iterator[dict]:
     base = tmp_path_factory.mktemp("hostsfaults")
     with small_filesystem(base / "shared", SHARED_SIZE) as shared:
-        yield from _fault_runs(base, shared, tiny_small_dir)
+        yield from _fault_runs(base, shared, tiny_small_dir, selected_faults(request.session))
 
 
-def _fault_runs(base: Path, shared: Path, tiny_small_dir: Path) -> Iterator[dict]:
+def _fault_runs(base: Path, shared: Path, tiny_small_dir: Path, chosen: list[str]) -> Iterator[dict]:
     shared_inputs(shared, tiny_small_dir, 1)
     hosts = hosts_mod.Hosts(2, shared, run_id=f"t2h{os.getpid()}xf", session_env={
         "PATH": f"{shared / 'bin'}:{Path(sys.executable).parent}:{SYSTEM_PATH}", "RAY_USAGE_STATS_ENABLED": "0",
@@ -216,7 +221,7 @@ def _fault_runs(base: Path, shared: Path, tiny_small_dir: Path) -> Iterator[dict
             "wrong interface": (lambda: hosts.rename_interface(1, "eth0", "ens5"),
                                 lambda: hosts.rename_interface(1, "ens5", "eth0")),
         }
-        for fault in FAULTS:
+        for fault in chosen:
             progress.unlink(missing_ok=True)
             checkpointed = tracker(shared)
             inject, undo = during_job.get(fault) or before_job.get(fault) or (None, None)
@@ -254,7 +259,7 @@ def _fault_runs(base: Path, shared: Path, tiny_small_dir: Path) -> Iterator[dict
             results[fault] = record
             print(f"\nfault {fault!r}: rc {record['rc']}, line after {record['to_line_s']} s, exit after "
                   f"{record['to_exit_s']:.0f} s, clean after {record['clean_after_s']}, started at rollout "
-                  f"{record['start_rollout']} (checkpointed {checkpointed}), leash {record.get('leash_stop_s')} / "
+                  f"{record['start_rollout']} (checkpointed {checkpointed}), the worker's Ray gone after "
                   f"{record.get('worker_ray_gone_s')} s, job: {record['job_failed']}: {record['error']}")
         yield {"hosts": hosts, "results": results, "head": head, "worker": worker}
     finally:
@@ -316,8 +321,9 @@ def ran_to_the_end(record: dict) -> None:
     assert record["checkpointed_after"] == record["start_rollout"] + 1  # HOSTS_JOB_ROLLOUTS=2, each saved
 
 
-def test_the_run_without_a_fault_runs_to_its_end(faults: dict) -> None:
-    ran_to_the_end(faults["results"]["none"])
+@pytest.mark.parametrize("fault", ["none"])
+def test_the_run_without_a_fault_runs_to_its_end(faults: dict, fault: str) -> None:
+    ran_to_the_end(faults["results"][fault])
 
 
 @pytest.mark.parametrize("fault", JOB_FAULTS)
@@ -330,10 +336,10 @@ def test_the_tier_fails_a_run_whose_job_failed(faults: dict, fault: str) -> None
 
 @pytest.mark.parametrize("fault", LEASHED)
 def test_a_cut_off_workers_leash_stops_its_ray_within_the_limit(faults: dict, fault: str) -> None:
-    record = faults["results"][fault]
-    assert record["leash_stop_s"] is not None and record["leash_stop_s"] <= HEAD_LOST_S + LEASH_GRAIN_S + 1, record
-    assert record["worker_ray_gone_s"] is not None, record
-    assert record["worker_ray_gone_s"] <= record["leash_stop_s"] + RAY_STOP_S, record
+    """The head was last heard before the fault: the leash starts its stop within RAY_HEAD_LOST_TIMEOUT and its
+    knock's granularity of it, and `ray stop --force` takes the rest (its start-up, on a loaded machine)."""
+    gone = faults["results"][fault]["worker_ray_gone_s"]
+    assert gone is not None and gone <= HEAD_LOST_S + LEASH_GRAIN_S + RAY_STOP_S, faults["results"][fault]
 
 
 @pytest.mark.parametrize("fault", FAULTS)
