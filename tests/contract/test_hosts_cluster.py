@@ -32,7 +32,7 @@ from test_scripts import ROOT, Result
 from third_party import THIRD_PARTY_ENV, third_party_path
 
 # The tier (this module and test_hosts_faults.py) brings up Ray clusters of 2 and 4 separate hosts and runs slime's
-# job on them, then seven runs of train_grpo.sh that each meet a fault: 15-35 minutes on 2 cores, more than the test
+# job on them, then nine runs of train_grpo.sh that each meet a fault: 15-35 minutes on 2 cores, more than the test
 # command's budget. CI runs it as its own step (.ci/run); by hand:
 #   TAU2_HOSTS_TIER=1 TAU2_TEST_WORKERS=0 bash scripts/test.sh tests/contract/test_hosts_cluster.py \
 #     tests/contract/test_hosts_faults.py
