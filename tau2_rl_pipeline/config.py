@@ -130,8 +130,9 @@ class Tau2Config:
         "slime runs: a rollout's worth of episodes counts as an abort storm when more than this fraction ended "
         "aborted by infrastructure failures", min_value=0.0, max_value=1.0))
     abort_storm_patience: int = field(default=2, metadata=_meta(
-        "slime runs: consecutive abort-storm rollouts tolerated; one more stops the run with the first error "
-        "recorded (instead of training on empty masks)", min_value=0))
+        "slime runs: consecutive abort-storm windows tolerated (each a rollout's worth of finished episodes: "
+        "slime refills a rollout whose groups aborted, so one rollout can hold several); one more stops the run "
+        "with the first error recorded (instead of training on empty masks)", min_value=0))
     max_staleness: int = field(default=-1, metadata=_meta(
         "asynchronous GRPO's bound eta (scripts/train_grpo.sh sets it from GRPO_MAX_STALENESS): no trained token "
         "comes from weights more than eta versions behind the weights training it; slime's fully async rollout "

@@ -13,7 +13,9 @@ from pathlib import Path
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
-    """Write to `.<name>.tmp` beside `path`, fsync, rename over `path`, fsync the directory (parents made)."""
+    """Write to `.<name>.tmp` beside `path`, fsync, rename over `path`, fsync the directory (parents made). A failed
+    write (a full disk above all: `write` and `fsync` name no file) raises its OSError naming `path`, so the one line
+    a failed job gets can say which storage is full."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
@@ -23,9 +25,11 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+        if isinstance(exc, OSError) and exc.filename is None and exc.errno is not None:
+            raise OSError(exc.errno, exc.strerror, str(path)) from exc
         raise
     dir_fd = os.open(path.parent, os.O_RDONLY)
     try:

@@ -1,4 +1,4 @@
-"""The abort-storm guard: windows of one rollout's episodes, a streak of mostly-aborted windows, the first error."""
+"""The abort-storm guard: windows of one rollout's worth of episodes (what its message counts), a streak of mostly-aborted windows, the first error."""
 
 import pytest
 
@@ -15,7 +15,9 @@ def test_stops_after_more_than_patience_storm_windows_naming_the_first_error():
     assert first == [None, None] and guard.tripped is None  # one storm rollout is tolerated
     *_, stop = feed(guard, [(True, "x"), (True, "y")])
     assert isinstance(stop, AbortStorm) and guard.tripped is stop
-    assert "2 rollouts in a row" in str(stop) and "first error: HTTP 500 at http://h:1/generate" in str(stop)
+    assert str(stop).startswith("stopping: 2 windows in a row of 2 finished episodes (one rollout's worth each) had "
+                                "more than 50% of their episodes aborted (2/2 in the last); first error: HTTP 500 at "
+                                "http://h:1/generate")
     assert guard.record(False) is stop  # stays stopped
 
 

@@ -19,6 +19,15 @@ WHY_NOT = hosts_mod.unavailable()
 needs_namespaces = pytest.mark.skipif(WHY_NOT is not None, reason=f"namespaced hosts skipped: {WHY_NOT}")
 
 BIND = "import socket, sys; socket.socket().bind((sys.argv[1], 0))"
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_what_lies_under_a_hosts_own_directories_is_bound_there_once_outer_first(tmp_path: Path) -> None:
+    clone = tmp_path / "clone"
+    (clone / ".venv/bin").mkdir(parents=True)
+    assert hosts_mod.under_covered([clone / ".venv", Path("/usr"), clone, Path("/tmp"), tmp_path / "absent"]) == \
+        ([clone.resolve()] if clone.resolve().is_relative_to("/tmp") else [])
+    assert hosts_mod.under_covered([Path("/dev/shm")]) == []  # the covered directory itself is the host's own
 
 
 def own_network() -> str:
@@ -45,9 +54,15 @@ def test_hosts_are_separate_and_leave_nothing_behind(tmp_path: Path) -> None:
             out = host.run(["sh", "-c", "hostname -I; cat " + str(shared / "data.txt") + "; echo; ls /tmp"],
                            capture_output=True, text=True, check=True).stdout.split("\n")
             assert out[0].split() == [host.address] and out[1] == "same on every host"
-            # its own /tmp: empty but for the way to the shared directory's mount point (when that lies under /tmp)
-            assert out[2].split() == list(shared.relative_to("/tmp").parts[:1]) if shared.is_relative_to("/tmp") \
-                else not out[2]
+            # its own /tmp: empty but for the ways to the mount points of the shared directory and of the code the
+            # hosts run (this repository, its venv: a clone under /tmp), where those lie under /tmp
+            ways = {path.relative_to("/tmp").parts[0] for path in hosts.visible if path.is_relative_to("/tmp")}
+            assert sorted(" ".join(out[2:]).split()) == sorted(ways)  # ls: one a line
+        # the code the hosts run, at its own path on every host, wherever this checkout and its venv lie (/tmp too)
+        for host in hosts.hosts:
+            ran = host.run([sys.executable, "-c", "import support.hosts, sys; print(support.hosts.__file__)"],
+                           capture_output=True, text=True, check=False, env={"PYTHONPATH": str(ROOT / "tests")})
+            assert ran.returncode == 0 and ran.stdout.strip() == str(ROOT / "tests/support/hosts.py"), ran.stderr
         bound = a.run([sys.executable, "-c", BIND, b.address], capture_output=True, text=True, check=False)
         assert bound.returncode != 0 and "[Errno 99] Cannot assign requested address" in bound.stderr
         assert a.run([sys.executable, "-c", BIND, a.address], check=False).returncode == 0

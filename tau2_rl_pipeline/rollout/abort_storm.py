@@ -2,10 +2,16 @@
 
 An aborted episode (the policy server or the user simulator failing after retries) is recorded and never scored;
 slime then trains on it with an all-zero mask. One bad rollout is noise; a server that is down makes every rollout
-empty, and the run would go on "training" for hours with only warnings in the log. The guard counts episodes in
-windows of one rollout's size and stops the run, with the first error it saw, once more than `patience`
-consecutive windows were mostly aborted. A fault no episode can get past (`stop`: the prompt data was written with
-another tau2) stops the run at once. Pure bookkeeping: the slime adapter feeds it and raises what it returns.
+empty, and the run would go on "training" for hours with only warnings in the log. The guard counts finished
+episodes in windows of one rollout's worth (rollout batch x samples per prompt) and stops the run, with the first
+error it saw, once more than `patience` consecutive windows were mostly aborted. A fault no episode can get past
+(`stop`: the prompt data was written with another tau2) stops the run at once. Pure bookkeeping: the slime adapter
+feeds it and raises what it returns.
+
+Windows, not rollouts, and the message says so: slime's dynamic sampling drops an aborted group and starts another
+in its place, so with a server down a rollout never fills and never ends; a count of rollouts would never reach its
+limit. Several windows then pass inside one rollout (with the user simulator killed and no retries, three windows in
+0.7 s), which is the point: the run stops in seconds, not never.
 """
 
 from __future__ import annotations
@@ -15,7 +21,8 @@ from dataclasses import dataclass, field
 
 
 class AbortStorm(RuntimeError):
-    """The run stops: too many consecutive rollouts were mostly aborted episodes. The message is one line."""
+    """The run stops: too many consecutive windows (a rollout's worth of episodes each) were mostly aborted. The
+    message is one line."""
 
 
 @dataclass
@@ -63,7 +70,8 @@ class AbortStormGuard:
             if self._streak > self.patience:
                 first = " ".join((self._first_error or "no error recorded").split())
                 self._tripped = AbortStorm(
-                    f"stopping: {self._streak} rollouts in a row had more than {self.fraction:.0%} of their episodes "
-                    f"aborted ({self._aborted}/{self._seen} in the last); first error: {first}")
+                    f"stopping: {self._streak} windows in a row of {self.window} finished episodes (one rollout's "
+                    f"worth each) had more than {self.fraction:.0%} of their episodes aborted ({self._aborted}/"
+                    f"{self._seen} in the last); first error: {first}")
             self._seen = self._aborted = 0
             return self._tripped

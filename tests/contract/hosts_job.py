@@ -20,7 +20,10 @@ planted without --num-gpus-per-node), with slime's own code at the pinned commit
 - training only (SFT): slime's `RayTrainGroup` places one train actor (slime's TrainRayActor, its address choice) in
   each actor bundle, and each says where it runs and the MASTER_ADDR it was given.
 
-Writes one JSON report per argv to $HOSTS_JOB_OUT (a list); an argv that fails is reported with its error.
+Writes one JSON report per argv to $HOSTS_JOB_OUT (a list). The script's own argv fails as slime's train.py does:
+an exception in a rollout or a save (a full disk, an abort storm when the user simulator is gone) ends the job with
+its traceback and exit 1, after its report is written, so the stage script sees a failed job. Only the planted argvs
+(HOSTS_JOB_MORE) are reported with their error and let the next one run: one of them cannot start its engines.
 """
 
 from __future__ import annotations
@@ -181,8 +184,11 @@ def engines_and_rollouts(args, pgs, records: Path, rollouts: int | None, train: 
                 progress("trained", rollout=rollout_id)  # where train.py trains on it (nothing to train here)
                 if save_checkpoint(args, rollout_id):
                     progress("saved", rollout=rollout_id)
-    except Exception as exc:  # noqa: BLE001 - the report carries it (the planted argv's engines cannot start)
+    except Exception as exc:
         out["error"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}"
+        if train:  # slime's train.py has no handler: the job ends with the traceback
+            progress("failed", error=out["error"])
+            raise
     finally:
         ray.kill(manager)
     out["records"] = [json.loads(p.read_text()) for p in sorted(records.glob("*.json"))]
@@ -222,10 +228,20 @@ def run_one(name: str, argv: list[str], records: Path, rollouts: int | None, tra
                 report.update(engines_and_rollouts(args, pgs, records, rollouts, train))
         finally:
             remove_placement_group(pgs["actor"][0])
-    except Exception as exc:  # noqa: BLE001 - reported; the next argv still runs
+    except Exception as exc:
         report["error"] = f"{type(exc).__name__}: {exc}"
         report["traceback"] = traceback.format_exc()[-3000:]
+        if train:
+            raise JobFailed(report) from exc
     return report
+
+
+class JobFailed(Exception):
+    """The script's own argv failed: main writes the reports, then the job ends as train.py's would."""
+
+    def __init__(self, report: dict) -> None:
+        super().__init__(report["error"])
+        self.report = report
 
 
 def main() -> None:
@@ -247,12 +263,19 @@ def main() -> None:
     ray.init(address="auto", _node_ip_address=os.environ["MASTER_ADDR"], log_to_driver=False,
              runtime_env={"env_vars": env_vars, "worker_process_setup_hook": "hosts_job.answer_gpus_as_cuda"})
     progress("job", pid=os.getpid())
-    # the script's own argv trains as slime's train.py would: from where it resumes, saving at its cadence
+    # the script's own argv trains as slime's train.py would: from where it resumes, saving at its cadence, and
+    # failing with its exception (the planted argvs after it then do not run, as nothing runs after train.py dies)
     count = os.environ.get("HOSTS_JOB_ROLLOUTS", "1")
     rollouts = None if count == "all" else int(count)
-    reports = [run_one(name, job_argv, records, rollouts, train=i == 0)
-               for i, (name, job_argv) in enumerate(jobs)]
-    Path(os.environ["HOSTS_JOB_OUT"]).write_text(json.dumps(reports, indent=1))
+    reports: list[dict] = []
+    try:
+        for i, (name, job_argv) in enumerate(jobs):
+            reports.append(run_one(name, job_argv, records, rollouts, train=i == 0))
+    except JobFailed as failed:
+        reports.append(failed.report)
+        raise failed.__cause__ from None
+    finally:
+        Path(os.environ["HOSTS_JOB_OUT"]).write_text(json.dumps(reports, indent=1))
     ray.shutdown()
 
 

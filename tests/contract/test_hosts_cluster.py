@@ -29,10 +29,11 @@ from megatron_save import torch_dist_files
 from slime_harness import prompt_rows
 from support import hosts as hosts_mod
 from test_scripts import ROOT, Result
+from third_party import THIRD_PARTY_ENV, third_party_path
 
 # The tier (this module, test_hosts_faults.py, test_hosts_restarts.py and test_engine_hang.py) brings up Ray clusters
-# of 2 and 4 separate hosts and runs slime's job on them, then seven runs of train_grpo.sh that each meet a fault, a
-# run that restarts itself after a cut link, and a job that outlives a hung engine: 15-35 minutes on 2 cores for the
+# of 2 and 4 separate hosts and runs slime's job on them, then nine runs of train_grpo.sh that each meet a fault, a
+# run that restarts itself after a cut link, and a job that outlives a hung engine: 20-45 minutes on 2 cores for the
 # first two modules, 12 and 4.5 for the last two (measured beside other jobs), more than the test command's budget.
 # CI runs it as its own step (.ci/run); by hand:
 #   TAU2_HOSTS_TIER=1 TAU2_TEST_WORKERS=0 bash scripts/test.sh tests/contract/test_hosts_cluster.py \
@@ -73,6 +74,7 @@ def stage_env(shared: Path, hosts: hosts_mod.Hosts, layout: str, gpus: int) -> d
     return {
         "PATH": f"{shared / 'bin'}:{Path(sys.executable).parent}:{SYSTEM_PATH}", "HOME": str(shared / "home"),
         "LANG": "C.UTF-8", "PYTHON": sys.executable, "SLIME_DIR": str(SLIME_DIR), "MEGATRON_DIR": str(MEGATRON_DIR),
+        THIRD_PARTY_ENV: str(third_party_path()),  # hosts_job.py's own imports of slime: the sources this run uses
         "TAU2_OUT_DIR": str(out), "TAU2_GPU_LAYOUT": layout, "SIZING_FORCE": "1",
         "BASE_HF_DIR": str(out / "models/tiny"), "BASE_TORCH_DIST_DIR": str(out / "models/tiny_torch_dist"),
         "HOSTFILE": str(shared / "hostfile"), "MASTER_ADDR": head, "SLIME_HOST_IP": head,
@@ -129,9 +131,12 @@ def shared_inputs(shared: Path, tiny_model: Path, gpus: int) -> Path:
     return out
 
 
-def start_user_sim(hosts: hosts_mod.Hosts, host: hosts_mod.Host, env: dict[str, str], shared: Path) -> None:
-    """The user simulator (a tiny model behind the loopback server) on `host` at USER_SIM_PORT, answering the head."""
-    log = open(shared / "user_sim.log", "wb")  # noqa: SIM115 - the server keeps it
+def start_user_sim(hosts: hosts_mod.Hosts, host: hosts_mod.Host, env: dict[str, str], shared: Path,
+                   log_path: Path | None = None) -> None:
+    """The user simulator (a tiny model behind the loopback server) on `host` at USER_SIM_PORT, answering the head;
+    its log in the shared directory unless `log_path` says where."""
+    log_path = log_path or shared / "user_sim.log"
+    log = open(log_path, "wb")  # noqa: SIM115 - the server keeps it
     host.popen([sys.executable, "-m", "support.loopback_server", "--model",
                 str(shared / "out/models/tiny"), "--host", host.address, "--port", str(USER_SIM_PORT),
                 "--model-name", "tiny", "--seed", "0"],
@@ -141,7 +146,7 @@ def start_user_sim(hosts: hosts_mod.Hosts, host: hosts_mod.Host, env: dict[str, 
     probe = hosts.hosts[0].run(
         ["sh", "-c", f"for i in $(seq 720); do curl -fs -o /dev/null {models} && exit 0; sleep 0.5; done; exit 1"],
         check=False)
-    assert probe.returncode == 0, (shared / "user_sim.log").read_text()[-2000:]
+    assert probe.returncode == 0, log_path.read_text()[-2000:]
 
 
 @pytest.fixture(scope="module", params=list(LAYOUTS))

@@ -6,6 +6,7 @@ between rollouts."""
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import json
 import re
@@ -37,6 +38,41 @@ class TwoLengths(Script):
         return self.ids(STOP if text.count("Done.") >= (2 if task == LONG else 1) else "Please go on.")
 
 
+class CutAt:
+    """The loopback server's gate: where slime's end-of-rollout abort finds each episode, whatever the machine's load.
+    Under weights v0 each LONG episode is held at its second policy turn (it has sampled its first) until the abort
+    cuts it, and SHORT's second turn waits until both LONG episodes are held there: SHORT fills rollout 0's batch
+    and LONG is cut after one turn, always. Under v1 the episodes of `held_in_v1` are held at their second turn the
+    same way, so the resumed LONG (two turns left, as a new short group has) fills rollout 1's batch."""
+
+    HOLD_S = 120.0  # a held request goes on after this, should no abort come (the test then fails on what it sees)
+
+    def __init__(self, loopback, tokenizer, held_in_v1: tuple[str, ...] = ()) -> None:
+        self.loopback, self.tok, self.held_in_v1 = loopback, tokenizer, held_in_v1
+        self.long_held = 0
+        self._both_long_held: asyncio.Event | None = None  # made on the server's loop, at its first use
+        loopback.gate, loopback.weight_version = self, "v0"
+
+    async def __call__(self, path: str, body: dict) -> None:
+        if path != "/generate":
+            return
+        text = self.tok.decode(body["input_ids"], skip_special_tokens=False)
+        task = next(iter(re.findall(r"this is about (\S+)\.", text)), None)
+        if "<tool_response>" not in text:  # a first turn goes on
+            return
+        both_long_held = self._both_long_held = self._both_long_held or asyncio.Event()
+        version = self.loopback.weight_version
+        if version == "v0" and task == LONG:
+            self.long_held += 1
+            if self.long_held == 2:
+                both_long_held.set()
+            await asyncio.sleep(self.HOLD_S)  # until the abort cancels it
+        elif version == "v0" and task == SHORT:
+            await asyncio.wait_for(both_long_held.wait(), self.HOLD_S)
+        elif version == "v1" and task in self.held_in_v1:
+            await asyncio.sleep(self.HOLD_S)
+
+
 def _rows(tmp_path, tasks: list[str]):
     """Prompt rows in this order (slime hands them out in file order, no shuffle)."""
     lines = {json.loads(line)["metadata"]["task_id"]: line
@@ -56,16 +92,16 @@ def _first_prompt_requests(loopback, sample) -> int:
     return sum(1 for path, body in loopback.requests if path == "/generate" and body["input_ids"] == prompt)
 
 
-def _cut_long(monkeypatch, loopback, model_dir, tokenizer, tmp_path, resume: bool):
-    """Rollout 0 (weights v0): SHORT fills the batch, slime aborts LONG after its first turns and puts its group
-    back in its buffer. Returns slime's args, the data source, the cut samples and what they held then."""
+def _cut_long(monkeypatch, loopback, model_dir, tokenizer, tmp_path, resume: bool, held_in_v1: tuple[str, ...] = ()):
+    """Rollout 0 (weights v0): SHORT fills the batch, slime aborts LONG after its first turn (CutAt) and puts its
+    group back in its buffer. Returns slime's args, the data source, the cut samples and what they held then."""
     from slime.utils.types import Sample
 
     monkeypatch.setenv("TAU2_MAX_TURNS", "8")
     monkeypatch.setenv("TAU2_PARTIAL_RESUME", str(int(resume)))
     loopback.latency_s = 0.25
     loopback.responder = script = TwoLengths(tokenizer)
-    loopback.weight_version = "v0"
+    CutAt(loopback, tokenizer, held_in_v1)
     rows = _rows(tmp_path, [LONG, SHORT, "impossible_task_1"])  # rollout 1's new group: another short task
     args = slime_args(model_dir, rows, loopback.base_url.removeprefix("http://"), batch=1, n=2,
                       extra=("--over-sampling-batch-size", "2", *PARTIAL))
@@ -75,7 +111,9 @@ def _cut_long(monkeypatch, loopback, model_dir, tokenizer, tmp_path, resume: boo
     assert [s.metadata["task_id"] for s in cut_group] == [LONG, LONG]
     assert all(s.status == Sample.Status.ABORTED and s.metadata["termination_reason"] == "rollout_stopped"
                for s in cut_group)
-    assert all(s.weight_versions for s in cut_group)  # each had sampled a turn before the cut
+    # each had sampled its first turn before the cut, and both were cut at the same place (CutAt)
+    assert all(s.weight_versions and set(s.weight_versions) == {"v0"} for s in cut_group)
+    assert len({(tuple(s.weight_versions), s.response_length) for s in cut_group}) == 1
     before = {sample_key(s): _snapshot(s) for s in cut_group}
     assert live_episodes(args).keys() == (set(before) if resume else set())
     loopback.weight_version = "v1"  # slime updated the weights between the rollouts
@@ -84,23 +122,20 @@ def _cut_long(monkeypatch, loopback, model_dir, tokenizer, tmp_path, resume: boo
 
 def test_an_episode_cut_by_the_abort_goes_on_where_it_was_cut(slime_env, monkeypatch, loopback, tiny_small_dir,
                                                              small_tokenizer, tmp_path):
-    """Rollout 1 (new weights): slime hands LONG back first; it goes on from where it was cut and, with the fewest
-    turns left, fills the batch."""
+    """Rollout 1 (new weights): slime hands LONG back first; it goes on from where it was cut and fills the batch
+    (the new group is held at its second turn until the abort: CutAt)."""
     from slime.utils.types import Sample
 
     args, source, cut_group, before, script = _cut_long(monkeypatch, loopback, tiny_small_dir, small_tokenizer,
-                                                        tmp_path, resume=True)
-    for rollout_id in (1, 2, 3):  # (a loaded machine may cut it once more: it goes on again)
-        rollout(args, rollout_id, source)
-        if all(s.status == Sample.Status.COMPLETED for s in cut_group):
-            break
+                                                        tmp_path, resume=True, held_in_v1=("impossible_task_1",))
+    rollout(args, 1, source)
     for sample in cut_group:
         old = before[sample_key(sample)]
         n = old["response_length"]
         assert sample.status == Sample.Status.COMPLETED and sample.remove_sample is False  # was True: untrained
         assert sample.metadata["raw_reward"] == 1.0  # the first turn's create_task, run before the cut, counted
         assert sample.metadata["termination_reason"] == "user_stop" and sample.metadata["turns"] == 3
-        assert sample.metadata["resumes"] >= 1 and sample.metadata["start_rollout_id"] == 0
+        assert sample.metadata["resumes"] == 1 and sample.metadata["start_rollout_id"] == 0
         assert small_tokenizer.decode(sample.tokens).count("this is about create_task_1") == 1
         assert sample.tokens[:len(old["tokens"])] == old["tokens"]  # the turns before the cut, unchanged
         assert sample.rollout_log_probs[:n] == old["logprobs"]
@@ -139,16 +174,15 @@ def test_the_resumed_episode_books_the_same_tokens_as_one_never_cut(slime_env, m
     monkeypatch.setenv("TAU2_MAX_TURNS", "8")
     loopback.latency_s = 0.25
     loopback.responder = TwoLengths(small_tokenizer)
+    CutAt(loopback, small_tokenizer, held_in_v1=("impossible_task_1",))
     router = loopback.base_url.removeprefix("http://")
     args = slime_args(tiny_small_dir, _rows(tmp_path, [LONG, SHORT, "impossible_task_1"]), router, batch=1, n=2,
                       extra=("--over-sampling-batch-size", "2", "--partial-rollout", "--use-tis"))
     _, source = rollout(args, 0)
     (resumed,) = source.buffer  # LONG's group, cut
-    for rollout_id in (1, 2, 3):
-        rollout(args, rollout_id, source)
-        if all(s.status.name == "COMPLETED" for s in resumed):
-            break
-    assert all(s.metadata["resumes"] >= 1 for s in resumed)
+    loopback.weight_version = "v1"
+    rollout(args, 1, source)
+    assert all(s.status.name == "COMPLETED" and s.metadata["resumes"] == 1 for s in resumed)
     whole_args = slime_args(tiny_small_dir, prompt_rows(tmp_path / "long.jsonl", [LONG]), router, batch=1, n=2)
     whole, _ = rollout(whole_args, 0)
     whole = flat(whole.samples)
@@ -163,6 +197,7 @@ def test_cut_episodes_are_kept_no_longer_than_their_samples(slime_env, loopback,
     monkeypatch.setenv("TAU2_MAX_TURNS", "8")
     loopback.latency_s = 0.25
     loopback.responder = TwoLengths(small_tokenizer)
+    CutAt(loopback, small_tokenizer)
     args = slime_args(tiny_small_dir, _rows(tmp_path, [LONG, SHORT, "impossible_task_1"]),
                       loopback.base_url.removeprefix("http://"), batch=1, n=2,
                       extra=("--over-sampling-batch-size", "2", *PARTIAL))

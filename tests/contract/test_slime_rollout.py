@@ -266,7 +266,7 @@ def test_an_abort_storm_stops_the_run_with_the_first_error(slime_env, monkeypatc
         with pytest.raises(AbortStorm) as stopped:
             rollout(args, 1, source)  # ... the second in a row stops the run
     message = str(stopped.value)
-    assert "\n" not in message and "2 rollouts in a row" in message
+    assert "\n" not in message and "2 windows in a row of 2 finished episodes (one rollout's worth each)" in message
     assert message.count("attempts") == 1, message  # was twice: "failed after 1 attempts; ... (after 1 attempts)"
     assert policy.base_url in message and "HTTP 500" in message
 

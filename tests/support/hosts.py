@@ -4,7 +4,10 @@ Each host is a set of Linux namespaces: its own network namespace with one inter
 (198.18.0.1, .2, ... of 198.18.0.0/15, the range RFC 2544 reserves for benchmarking: never this machine's own, never
 routed), its own PID namespace (so `ray stop` on a host stops that host's Ray only), its own hostname, and its own
 mount namespace in which /tmp, /dev/shm and /run are its own and the run's shared directory (checkpoints, data,
-models) is bind-mounted at the same path, as on nodes that mount shared storage. Each host runs its own sshd on its
+models) is bind-mounted at the same path, as on nodes that mount shared storage. The code the hosts run (this
+repository, its Python environment and interpreter, the pinned sources beside it) is seen at the same path too, as
+on a cluster's image: where any of it lies under a host's own /tmp, /dev/shm or /run (a clone under /tmp), it is
+bind-mounted there like the shared directory. Each host runs its own sshd on its
 own address, with a host key and a client key made for the run; ssh from one host to another lands in the other's
 namespaces. The hosts' interfaces are veth pairs into one bridge that lives in a namespace of its own: nothing is
 added to this machine's own network namespace, no address, no route, no interface.
@@ -35,6 +38,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+COVERED = ("/tmp", "/dev/shm", "/run")  # each host's own (mount_script): what lies under them is not seen there
 SUBNET = "198.18.0"  # hosts are SUBNET.1, .2, ...: each run has its own bridge, so runs never see each other
 RUNS_DIR = Path("/var/tmp")
 SSHD = "/usr/sbin/sshd"
@@ -71,6 +75,24 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def code_paths() -> list[Path]:
+    """What the hosts run, by path: this repository (its scripts and package), the Python environment and the
+    interpreter it runs on, and the pinned upstream sources (tests/third_party.py)."""
+    from third_party import REPO_ROOT, third_party_path
+
+    return [REPO_ROOT, Path(sys.prefix), Path(sys.base_prefix), Path(os.path.realpath(sys.executable)).parent,
+            third_party_path()]
+
+
+def under_covered(paths: list[Path]) -> list[Path]:
+    """Those of `paths` (resolved) that a host would not see (they lie under a directory each host has its own of),
+    each once and none inside another, outer first: what a host must have bind-mounted to see them."""
+    covered = sorted({p.resolve() for p in paths if p.exists()
+                      and any(p.resolve().is_relative_to(c) and p.resolve() != Path(c) for c in COVERED)},
+                     key=lambda p: len(p.parts))
+    return [p for i, p in enumerate(covered) if not any(p.is_relative_to(q) for q in covered[:i])]
 
 
 def netns_pids(name: str) -> list[int]:
@@ -110,6 +132,9 @@ class Hosts:
         self.run_id = run_id or f"t2h{os.getpid()}"
         self.base = RUNS_DIR / self.run_id
         self.shared = Path(shared).resolve()
+        # the shared directory always (it may lie under /tmp, and it is the one path a fault hides), then the code
+        self.visible = [self.shared] + [p for p in under_covered(code_paths()) if not self.shared.is_relative_to(p)
+                                        and not p.is_relative_to(self.shared)]
         self.switch = f"{self.run_id}-sw"
         self.session_env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **(session_env or {})}
         self.hosts: list[Host] = []
@@ -169,7 +194,7 @@ class Hosts:
                           for k, v in self.session_env.items())
         for i in range(self._n):
             d = self.base / f"h{i}"
-            for sub in ("tmp", "stage"):
+            for sub in ("tmp", *(f"stage{k}" for k in range(len(self.visible)))):
                 (d / sub).mkdir(parents=True)
             (d / "tmp").chmod(0o1777)
             (d / "authorized_keys").write_text((ssh / "id_ed25519.pub").read_text())  # its own: refuse_ssh
@@ -194,18 +219,17 @@ class Hosts:
 
     def mount_script(self, i: int) -> str:
         """What host i's mount namespace gets before its sshd starts: its own /tmp, /dev/shm and /run; the shared
-        directory at its own path (staged first: the path may lie under the /tmp it covers)."""
-        d, shared = self.base / f"h{i}", shlex.quote(str(self.shared))
+        directory and the code under those at their own paths (staged first: each may lie under what they cover)."""
+        d = self.base / f"h{i}"
+        paths = [(shlex.quote(str(path)), d / f"stage{k}") for k, path in enumerate(self.visible)]
         return "; ".join([
             "set -e",
-            f"mount --bind {shared} {d / 'stage'}",
+            *(f"mount --bind {path} {stage}" for path, stage in paths),
             f"mount --bind {d / 'tmp'} /tmp",
             "mount -t tmpfs -o size=2g tmpfs /dev/shm",
             "mount -t tmpfs -o size=64m tmpfs /run",
             "mkdir -p /run/sshd",
-            f"mkdir -p {shared}",
-            f"mount --bind {d / 'stage'} {shared}",
-            f"umount {d / 'stage'}",
+            *(f"mkdir -p {path}; mount --bind {stage} {path}; umount {stage}" for path, stage in paths),
             f"hostname {self.run_id}-h{i}",
             f"exec {SSHD} -D -e -f {d / 'sshd_config'}",
         ])

@@ -23,7 +23,7 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from enum import Enum
 from pathlib import Path
 from typing import Any
@@ -182,6 +182,10 @@ class LoopbackServer:
 
     `chat_answer(body) -> str | None`, when set, gives the text of a `/v1/chat/completions` answer instead (e.g. a
     judge's verdict, which a tiny model cannot give); None falls through to the responder, the script or the model.
+
+    `gate(path, body)`, when set, is awaited (on the server's loop) before each model request is answered, after
+    its latency: a test holds a request until another has arrived, so an order it needs holds at any machine load
+    (a held `/generate` is still cut short by an abort).
     """
 
     def __init__(self, engine: TransformersEngine, *, model_name: str = "tiny", port: int = 0,
@@ -217,6 +221,7 @@ class LoopbackServer:
         self._open = 0
         self._script: deque[list[int]] = deque()
         self.chat_answer: Callable[[dict[str, Any]], str | None] | None = None
+        self.gate: Callable[[str, dict[str, Any]], Awaitable[None]] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._startup_error: BaseException | None = None
@@ -353,6 +358,8 @@ class LoopbackServer:
                     await asyncio.sleep(self.latency_s)
                 if not isinstance(body, dict):
                     return _error(400, "request body must be a JSON object")
+                if self.gate is not None:
+                    await self.gate(request.path, body)
                 try:
                     return web.json_response(await answer(body))
                 except (BadRequest, ValueError, TypeError) as exc:
