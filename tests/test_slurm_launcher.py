@@ -106,7 +106,7 @@ def test_ray_takes_the_layouts_gpus_among_those_slurm_made_visible() -> None:
 
 def test_a_requeued_run_never_reuses_its_ray_ports() -> None:
     runs = [ray_ports(4242, r) for r in range(8)]
-    used = [p for ports in runs for p in (ports.gcs, ports.dashboard, ports.client, ports.agent_listen)]
+    used = [p for ports in runs for p in (ports.gcs, ports.dashboard, ports.agent_listen, ports.node_manager)]
     assert len(used) == len(set(used))  # the restarts of one job
     neighbours = {ray_ports(j, 0).gcs for j in range(4242, 4242 + 100)}
     assert len(neighbours) == 100  # and the jobs submitted around it
@@ -121,6 +121,7 @@ def test_ray_start_lines_for_the_head_and_a_worker() -> None:
     worker = ray_start_argv("10.0.0.2", 4, ports, "10.0.0.1")
     assert worker[worker.index("--address") + 1] == "10.0.0.1:20000" and "--head" not in worker
     assert worker[worker.index("--node-ip-address") + 1] == "10.0.0.2"
+    assert worker[worker.index("--node-manager-port") + 1] == "20003"  # the port the launcher knocks on
 
 
 def test_slurms_verdict_on_the_nodes_is_read() -> None:

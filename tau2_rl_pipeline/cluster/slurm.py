@@ -26,6 +26,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -117,13 +118,14 @@ def policy_gpus(env: Mapping[str, str]) -> tuple[int, ...]:
 
 @dataclass(frozen=True)
 class RayPorts:
-    """The ports one run's Ray takes on each node. Ray's own defaults are fixed numbers (6379, 8265, 10001, 52365):
-    a requeued job whose old raylet still holds one on a node (a node cut off and back) would fail to start."""
+    """The ports one run's Ray takes on each node. Ray's own defaults are fixed numbers (6379, 8265, 52365) or
+    random: a requeued job whose old raylet still holds one on a node (a node cut off and back) would fail to start.
+    The raylet's own port is fixed too, so the launcher can ask whether a node's Ray still answers."""
 
     gcs: int
     dashboard: int
-    client: int
     agent_listen: int
+    node_manager: int
 
 
 def ray_ports(job_id: int, restart: int) -> RayPorts:
@@ -131,7 +133,7 @@ def ray_ports(job_id: int, restart: int) -> RayPorts:
     PORTS_PER_RUN restarts in a row) and of neighbouring job ids never share one."""
     block = (job_id * PORTS_PER_RUN + restart % PORTS_PER_RUN) % PORT_BLOCKS
     base = PORT_BASE + block * 10
-    return RayPorts(gcs=base, dashboard=base + 1, client=base + 2, agent_listen=base + 3)
+    return RayPorts(gcs=base, dashboard=base + 1, agent_listen=base + 2, node_manager=base + 3)
 
 
 @dataclass(frozen=True)
@@ -309,10 +311,10 @@ def say(line: str) -> None:
 def ray_start_argv(ip: str, gpus: int, ports: RayPorts, head_ip: str | None) -> list[str]:
     """`ray start --block` for one node: the head (head_ip None) or a worker joining it."""
     argv = ["ray", "start", "--block", "--node-ip-address", ip, "--num-gpus", str(gpus), "--disable-usage-stats",
-            "--dashboard-agent-listen-port", str(ports.agent_listen)]
+            "--dashboard-agent-listen-port", str(ports.agent_listen), "--node-manager-port", str(ports.node_manager)]
     if head_ip is None:
         return [*argv, "--head", "--port", str(ports.gcs), "--dashboard-host", "0.0.0.0",
-                "--dashboard-port", str(ports.dashboard), "--ray-client-server-port", str(ports.client)]
+                "--dashboard-port", str(ports.dashboard)]
     return [*argv, "--address", f"{head_ip}:{ports.gcs}"]
 
 
@@ -340,20 +342,34 @@ def _answers(host: str, port: int) -> bool:
         return False
 
 
+READY = "Ray runtime started"  # what `ray start` prints once the node's Ray (the head's: GCS, dashboard) is up
+
+
 class Job:
     """The processes of one run in the allocation: the nodes' Ray steps and the stage; `stop()` ends them all."""
 
     def __init__(self) -> None:
         self.steps: list[tuple[str, subprocess.Popen]] = []
+        self.ready: set[str] = set()
         self.stage: subprocess.Popen | None = None
 
     def srun(self, node: str, argv: list[str], settings: Settings) -> subprocess.Popen:
+        """A step on one node, its output passed on to the job's (and read for READY)."""
         step = ["srun", "--nodes=1", "--ntasks=1", "--overlap", f"--nodelist={node}", f"--job-name=ray-{node}",
                 *srun_container(settings), *argv]
         say(f"+ {shlex.join(step)}")
-        proc = subprocess.Popen(step, stdin=subprocess.DEVNULL)
+        proc = subprocess.Popen(step, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, errors="replace")
         self.steps.append((node, proc))
+        threading.Thread(target=self._relay, args=(node, proc), daemon=True).start()
         return proc
+
+    def _relay(self, node: str, proc: subprocess.Popen) -> None:
+        for line in proc.stdout:
+            sys.stderr.write(line)
+            if READY in line:
+                self.ready.add(node)
+        sys.stderr.flush()
 
     def stop(self, grace_s: float = 20) -> None:
         """The stage first (its own EXIT trap ends its job), then each node's Ray step (srun passes SIGTERM on to
@@ -374,17 +390,17 @@ class Job:
                 proc.wait()
 
 
-def wait_for_head(job: Job, ip: str, ports: RayPorts, limit_s: float) -> str | None:
-    """Until the head's GCS and jobs API answer: None, or why not (one line)."""
+def wait_for_head(job: Job, head: str, ip: str, ports: RayPorts, limit_s: float) -> str | None:
+    """Until the head's Ray says it started and its GCS answers: None, or why not (one line)."""
     deadline = time.monotonic() + limit_s
     while time.monotonic() < deadline:
         if any(proc.poll() is not None for _, proc in job.steps):
             node = next(n for n, p in job.steps if p.poll() is not None)
             return f"Ray on {node} ended before the cluster was up (see its lines above)"
-        if _answers(ip, ports.gcs) and _answers(ip, ports.dashboard):
+        if head in job.ready and _answers(ip, ports.gcs):
             return None
         time.sleep(1)
-    return f"the Ray head at {ip}:{ports.gcs} did not answer within {limit_s:.0f} s (RAY_JOIN_TIMEOUT)"
+    return f"the Ray head at {ip}:{ports.gcs} did not start within {limit_s:.0f} s (RAY_JOIN_TIMEOUT)"
 
 
 def wait_for_slurm(nodes: tuple[str, ...], limit_s: float) -> list[str]:
@@ -424,11 +440,11 @@ def run_allocation(settings: Settings, env: Mapping[str, str]) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     me = [settings.python, "-m", "tau2_rl_pipeline.cluster.slurm", "node", "--gpus", ",".join(map(str, gpus)),
-          "--ports", f"{ports.gcs},{ports.dashboard},{ports.client},{ports.agent_listen}"]
+          "--ports", ",".join(map(str, (ports.gcs, ports.dashboard, ports.agent_listen, ports.node_manager)))]
     try:
         job.srun(head, [*me, "--ip", head_ip], settings)
         limit = float(env.get("RAY_JOIN_TIMEOUT", "120"))
-        if why := wait_for_head(job, head_ip, ports, limit):
+        if why := wait_for_head(job, head, head_ip, ports, limit):
             raise SlurmError(why)
         for node in alloc.nodes[1:]:
             job.srun(node, [*me, "--ip", ips[node], "--head-ip", head_ip], settings)
@@ -443,7 +459,7 @@ def run_allocation(settings: Settings, env: Mapping[str, str]) -> int:
         job.stage = subprocess.Popen(stage, env=stage_env, stdin=subprocess.DEVNULL, start_new_session=True)
         rc = job.stage.wait()
         say(f"the stage ended with status {rc} after {time.monotonic() - started:.0f} s")
-        silent = [n for n in alloc.nodes if not _answers(ips[n], ports.agent_listen)] if rc != 0 else []
+        silent = [n for n in alloc.nodes if not _answers(ips[n], ports.node_manager)] if rc != 0 else []
         if silent:  # a node's Ray does not answer: lost, or only its Ray? Slurm says which
             show = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True, check=False).stdout
             limit = (slurmd_timeout(show) or 300) + 60
@@ -489,7 +505,8 @@ def submit_main(args: argparse.Namespace, env: Mapping[str, str]) -> int:
             say(line)
         say("dry run: not submitted (sbatch FILE)")
         return 0
-    log_dir.mkdir(parents=True, exist_ok=True)
+    for folder in (log_dir, Path(settings.output_dir)):  # sbatch writes the output only into a folder that exists
+        folder.mkdir(parents=True, exist_ok=True)
     path = log_dir / f"{settings.stage.removesuffix('.sh')}.sbatch"
     path.write_text(script)
     proc = subprocess.run(["sbatch", "--parsable", str(path)], capture_output=True, text=True, check=False)
