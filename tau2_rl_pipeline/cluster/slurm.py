@@ -459,8 +459,10 @@ def run_allocation(settings: Settings, env: Mapping[str, str]) -> int:
         job.stage = subprocess.Popen(stage, env=stage_env, stdin=subprocess.DEVNULL, start_new_session=True)
         rc = job.stage.wait()
         say(f"the stage ended with status {rc} after {time.monotonic() - started:.0f} s")
-        silent = [n for n in alloc.nodes if not _answers(ips[n], ports.node_manager)] if rc != 0 else []
-        if silent:  # a node's Ray does not answer: lost, or only its Ray? Slurm says which
+        # a node whose Ray had started and answers no more: lost, or only its Ray? Slurm says which
+        silent = [n for n in alloc.nodes if n in job.ready and not _answers(ips[n], ports.node_manager)] \
+            if rc != 0 else []
+        if silent:
             show = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True, check=False).stdout
             limit = (slurmd_timeout(show) or 300) + 60
             say(f"Ray does not answer on {', '.join(silent)}: waiting up to {limit:.0f} s for Slurm's verdict on "

@@ -31,6 +31,7 @@ import pytest
 from support import slurm as slurm_mod
 from test_hosts_cluster import SYSTEM_PATH, USER_SIM_PORT, check_engines, shared_inputs, stage_env, start_user_sim
 from test_scripts import ROOT
+from third_party import third_party_path
 
 from tau2_rl_pipeline.cluster.slurm import expand_nodelist
 
@@ -89,7 +90,8 @@ def requeued(tmp_path_factory: pytest.TempPathFactory, tiny_small_dir: Path) -> 
             env.pop(name)
         env.update(cluster.env, HOSTS_JOB_MORE="", HOSTS_JOB_PROGRESS=str(progress), GRPO_SAVE_INTERVAL="1",
                    TRAIN_TP="1", HOSTS_JOB_ROLLOUTS=str(ROLLOUTS_PER_RUN),
-                   TAU2_USER_API_BASE=f"http://{login.address}:{USER_SIM_PORT}/v1")
+                   TAU2_USER_API_BASE=f"http://{login.address}:{USER_SIM_PORT}/v1",
+                   TAU2_THIRD_PARTY=str(third_party_path()))  # the job driver's slime, wherever this checkout is
         start_user_sim(cluster, login, env, shared)
         out_dir = shared / "slurm"
         submit = login.run(["bash", str(ROOT / "scripts/slurm.sh"), "--nodes", "2", "--gpus-per-node", "2",
@@ -106,7 +108,9 @@ def requeued(tmp_path_factory: pytest.TempPathFactory, tiny_small_dir: Path) -> 
         def over() -> bool:
             return cluster.job(job_id).get("JobState") in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT")
         wait(lambda: second_rollout() or over(), RUN_LIMIT_S, 0.5)
-        assert second_rollout(), output.read_text()[-4000:] if output.exists() else cluster.job(job_id)
+        job_out = shared / "job.json"
+        assert second_rollout(), ((job_out.read_text()[-3000:] if job_out.exists() else "") +
+                                  (output.read_text()[-3000:] if output.exists() else str(cluster.job(job_id))))
         first = cluster.job(job_id)
         nodes = expand_nodelist(first["NodeList"])
         worker = int(nodes[1].rsplit("-h", 1)[1])
