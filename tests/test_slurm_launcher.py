@@ -26,6 +26,8 @@ from tau2_rl_pipeline.cluster.slurm import (
     refusal,
     render_batch,
     slurmd_timeout,
+    srun_container,
+    stage_argv,
     visible_devices,
 )
 
@@ -148,8 +150,21 @@ def test_the_batch_script_carries_the_settings() -> None:
     # every #SBATCH line comes before the first command, as sbatch reads them
     first_command = next(i for i, line in enumerate(script.splitlines()) if line and not line.startswith("#"))
     assert all(i < first_command for i, line in enumerate(script.splitlines()) if line.startswith("#SBATCH"))
-    plain = render_batch(Settings(stage="train_sft.sh", nodes=1, gpus_per_node=4, requeue=False))
+    plain = render_batch(Settings(stage="train_sft.sh", nodes=1, gpus_per_node=4, requeue=False, exclusive=False))
     assert "#SBATCH --no-requeue\n" in plain and "--partition" not in plain and "--container" not in plain
+    assert "--exclusive" not in plain
+
+
+def test_with_a_container_every_step_and_the_stage_run_in_it() -> None:
+    settings = Settings(stage="train_grpo.sh", nodes=2, gpus_per_node=8, container_image="nvcr.io/x/slime:1",
+                        container_mounts="/data:/data", root="/repo")
+    assert srun_container(settings) == ["--container-image=nvcr.io/x/slime:1", "--container-mounts=/repo,/data:/data",
+                                        "--container-workdir=/repo"]
+    stage = stage_argv(settings, "n1")
+    assert stage[:5] == ["srun", "--nodes=1", "--ntasks=1", "--overlap", "--nodelist=n1"]
+    assert stage[5:8] == srun_container(settings) and stage[8:] == ["bash", "/repo/scripts/train_grpo.sh"]
+    bare = Settings(stage="train_grpo.sh", nodes=2, gpus_per_node=8, root="/repo")
+    assert srun_container(bare) == [] and stage_argv(bare, "n1") == ["bash", "/repo/scripts/train_grpo.sh"]
 
 
 @pytest.mark.parametrize(("settings", "line"), [

@@ -247,6 +247,15 @@ def srun_container(settings: Settings) -> list[str]:
     return [*out, f"--container-mounts={mounts}", f"--container-workdir={settings.root}"]
 
 
+def stage_argv(settings: Settings, head: str) -> list[str]:
+    """The stage script as the launcher runs it on the first node: in the batch script itself, or in the container
+    (a step beside the head's Ray step) when there is one."""
+    stage = ["bash", str(Path(settings.root) / "scripts" / settings.stage), *settings.stage_args]
+    if not settings.container_image:
+        return stage
+    return ["srun", "--nodes=1", "--ntasks=1", "--overlap", f"--nodelist={head}", *srun_container(settings), *stage]
+
+
 def run_argv(settings: Settings) -> list[str]:
     """The launcher's command in the batch script, with the settings it needs in the allocation."""
     argv = [settings.python, "-m", "tau2_rl_pipeline.cluster.slurm", "run", "--nodes", str(settings.nodes),
@@ -450,10 +459,7 @@ def run_allocation(settings: Settings, env: Mapping[str, str]) -> int:
             job.srun(node, [*me, "--ip", ips[node], "--head-ip", head_ip], settings)
         stage_env = {**env, "RAY_ADDRESS": f"http://{head_ip}:{ports.dashboard}", "MASTER_ADDR": head_ip,
                      "NUM_NODES": str(len(alloc.nodes)), "GPUS_PER_NODE": str(len(gpus))}
-        stage = ["bash", str(Path(settings.root) / "scripts" / settings.stage), *settings.stage_args]
-        if settings.container_image:  # the stage in the container too, on the head, beside its Ray step
-            stage = ["srun", "--nodes=1", "--ntasks=1", "--overlap", f"--nodelist={head}",
-                     *srun_container(settings), *stage]
+        stage = stage_argv(settings, head)
         say(f"+ {shlex.join(stage)}  (RAY_ADDRESS={stage_env['RAY_ADDRESS']})")
         started = time.monotonic()
         job.stage = subprocess.Popen(stage, env=stage_env, stdin=subprocess.DEVNULL, start_new_session=True)

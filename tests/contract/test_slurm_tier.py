@@ -118,6 +118,10 @@ def requeued(tmp_path_factory: pytest.TempPathFactory, tiny_small_dir: Path) -> 
         cluster.set_link(worker, up=False)
 
         def restarted_and_training() -> bool:
+            if "running_again_at" not in record:  # Slurm's part: the node called DOWN, the job requeued and started
+                job = cluster.job(job_id)
+                if job.get("Restarts") == "1" and job.get("JobState") == "RUNNING":
+                    record["running_again_at"] = time.time()
             return any(e["event"] == "rollout" and e["time"] > record["fault_at"] for e in events(progress))
         assert wait(restarted_and_training, RUN_LIMIT_S), output.read_text()[-4000:]
         record["training_again_at"] = next(e["time"] for e in events(progress)
@@ -147,6 +151,10 @@ def requeued(tmp_path_factory: pytest.TempPathFactory, tiny_small_dir: Path) -> 
               f"fault to training again: {record['training_again_at'] - record['fault_at']:.0f} s "
               f"(restarted on {record['second'].get('NodeList')}); every host clean {record['clean_after_s']:.0f} s "
               f"after the job ended; total {time.monotonic() - started:.0f} s")
+        print(f"slurm tier: of the fault to training again, {record['running_again_at'] - record['fault_at']:.0f} s "
+              "until the job ran again (SlurmdTimeout=20, cred_expire=30), "
+              f"{record['training_again_at'] - record['running_again_at']:.0f} s from there to its first rollout "
+              "(Ray, the cluster check, slime's start)")
         yield record
     finally:
         cluster.down()
