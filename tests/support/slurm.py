@@ -67,7 +67,6 @@ class SlurmHosts(hosts_mod.Hosts):
         super().__init__(n, shared, run_id=run_id or f"t2h{os.getpid()}s", session_env=session_env)
         self.gpus, self.cpus = gpus, cpus
         self.slurmd_timeout, self.cred_expire = slurmd_timeout, cred_expire
-        self.daemons: list[subprocess.Popen] = []
 
     # ---- names and files --------------------------------------------------------------------------------------
     def node_name(self, i: int) -> str:
@@ -166,7 +165,7 @@ class SlurmHosts(hosts_mod.Hosts):
         proc = subprocess.Popen(self.daemon_command(i, argv), stdin=subprocess.DEVNULL, stdout=out,
                                 stderr=subprocess.STDOUT, env={**os.environ, **self.env}, start_new_session=True)
         out.close()
-        self.daemons.append(proc)
+        self._procs.append(proc)  # waited for by the hosts' down()
 
     def start_slurmd(self, i: int) -> None:
         self.start_daemon(i, ["slurmd", "-D", "-f", str(self.conf)], "slurmd.out")
@@ -236,12 +235,6 @@ class SlurmHosts(hosts_mod.Hosts):
     # ---- down ---------------------------------------------------------------------------------------------------
     def down(self) -> None:
         super().down()
-        for proc in self.daemons:
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                pass
-        self.daemons.clear()
         for i in range(self._n):
             remove_cgroup(self.freezer(i))
 
