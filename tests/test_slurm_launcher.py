@@ -1,6 +1,6 @@
 """The Slurm launcher's decisions (tau2_rl_pipeline/cluster/slurm.py), pure: the node list, the GPUs per node and the
 layout's refusal, the Ray ports of each run, the batch script and the dry run of scripts/slurm.sh. The launcher on a
-real Slurm (slurmctld, slurmd and munge on namespaced hosts): tests/slurm/test_slurm_tier.py."""
+real Slurm (slurmctld, slurmd and munge on namespaced hosts): tests/contract/test_slurm_tier.py."""
 
 from __future__ import annotations
 
@@ -18,16 +18,15 @@ from tau2_rl_pipeline.cluster.slurm import (
     SlurmError,
     expand_nodelist,
     gpus_on_node,
-    lost_nodes,
+    on_head,
     plan_lines,
     policy_gpus,
     ray_ports,
     ray_start_argv,
     refusal,
     render_batch,
-    slurmd_timeout,
     srun_container,
-    stage_argv,
+    verdict,
     visible_devices,
 )
 
@@ -126,13 +125,15 @@ def test_ray_start_lines_for_the_head_and_a_worker() -> None:
     assert worker[worker.index("--node-manager-port") + 1] == "20003"  # the port the launcher knocks on
 
 
-def test_slurms_verdict_on_the_nodes_is_read() -> None:
-    shown = ("NodeName=n1 Arch=x86_64 State=ALLOCATED ThreadsPerCore=1\n"
-             "NodeName=n2 Arch=x86_64 State=DOWN+NOT_RESPONDING ThreadsPerCore=1\n"
-             "NodeName=n3 Arch=x86_64 State=IDLE* ThreadsPerCore=1\n")
-    assert lost_nodes(shown, ("n1", "n2")) == ["n2 (DOWN+NOT_RESPONDING)"]
-    assert lost_nodes(shown, ("n1", "n3")) == ["n3 (IDLE*)"]
-    assert slurmd_timeout("SlurmctldTimeout        = 120 sec\nSlurmdTimeout           = 20 sec\n") == 20
+def test_a_node_lost_requeues_the_job_up_to_max_restarts() -> None:
+    lost = "worker 10.0.0.2 left the Ray cluster during the job (Ray marked its node dead: ...)"
+    assert verdict(0, None, 0, 3) == (False, "the stage ended with status 0")
+    assert verdict(2, None, 0, 3) == (False, "the stage ended with status 2")  # a failure of its own: no requeue
+    requeue, line = verdict(1, lost, 1, 3)
+    assert requeue and line == f"{lost}; requeueing the job (restart 2 of at most 3): it resumes from the stage's last checkpoint"
+    requeue, line = verdict(1, lost, 3, 3)
+    assert not requeue and line.startswith(f"{lost}; the job has been restarted 3 time(s), --max-restarts 3: it ends")
+    assert not verdict(1, lost, 0, 0)[0]  # --no-requeue
 
 
 def test_the_batch_script_carries_the_settings() -> None:
@@ -145,14 +146,14 @@ def test_the_batch_script_carries_the_settings() -> None:
                  "#SBATCH --qos=high", "#SBATCH --output=/out/slurm/%x-%j.out", "#SBATCH --exclusive"):
         assert line + "\n" in script, line
     assert script.splitlines()[-1] == ("exec python3 -m tau2_rl_pipeline.cluster.slurm run --nodes 2 --python python3 "
-                                      "--container-image nvcr.io/nvidia/pytorch:24.05 --container-mounts /data:/data "
+                                      "--max-restarts 3 --container-image nvcr.io/nvidia/pytorch:24.05 --container-mounts /data:/data "
                                       "-- train_grpo.sh")
     # every #SBATCH line comes before the first command, as sbatch reads them
     first_command = next(i for i, line in enumerate(script.splitlines()) if line and not line.startswith("#"))
     assert all(i < first_command for i, line in enumerate(script.splitlines()) if line.startswith("#SBATCH"))
     plain = render_batch(Settings(stage="train_sft.sh", nodes=1, gpus_per_node=4, requeue=False, exclusive=False))
     assert "#SBATCH --no-requeue\n" in plain and "--partition" not in plain and "--container" not in plain
-    assert "--exclusive" not in plain
+    assert "--exclusive" not in plain and "--max-restarts 0 " in plain  # no requeue: no restart either
 
 
 def test_with_a_container_every_step_and_the_stage_run_in_it() -> None:
@@ -160,11 +161,11 @@ def test_with_a_container_every_step_and_the_stage_run_in_it() -> None:
                         container_mounts="/data:/data", root="/repo")
     assert srun_container(settings) == ["--container-image=nvcr.io/x/slime:1", "--container-mounts=/repo,/data:/data",
                                         "--container-workdir=/repo"]
-    stage = stage_argv(settings, "n1")
+    stage = on_head(settings, "n1", ["bash", "/repo/scripts/train_grpo.sh"])
     assert stage[:5] == ["srun", "--nodes=1", "--ntasks=1", "--overlap", "--nodelist=n1"]
     assert stage[5:8] == srun_container(settings) and stage[8:] == ["bash", "/repo/scripts/train_grpo.sh"]
     bare = Settings(stage="train_grpo.sh", nodes=2, gpus_per_node=8, root="/repo")
-    assert srun_container(bare) == [] and stage_argv(bare, "n1") == ["bash", "/repo/scripts/train_grpo.sh"]
+    assert srun_container(bare) == [] and on_head(bare, "n1", ["bash", "x.sh"]) == ["bash", "x.sh"]
 
 
 @pytest.mark.parametrize(("settings", "line"), [
@@ -172,6 +173,7 @@ def test_with_a_container_every_step_and_the_stage_run_in_it() -> None:
     (Settings(stage="train_grpo.sh", nodes=0, gpus_per_node=8), "--nodes 0 and --gpus-per-node 8 must be positive"),
     (Settings(stage="train_grpo.sh", nodes=2, gpus_per_node=8, sbatch_lines=("qos=high",)), "--sbatch-line 'qos=high'"),
     (Settings(stage="train_grpo.sh", nodes=2, gpus_per_node=8, container_mounts="/a:/a"), "--container-mounts needs"),
+    (Settings(stage="train_grpo.sh", nodes=2, gpus_per_node=8, max_restarts=-1), "--max-restarts -1 must be 0 or more"),
 ])
 def test_bad_settings_are_refused_in_one_line(settings: Settings, line: str) -> None:
     assert (settings.problems() or "").startswith(line)

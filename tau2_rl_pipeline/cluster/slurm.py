@@ -11,9 +11,10 @@ the edges (`run_allocation`). scripts/slurm.sh is the door:
 writes the batch script under $LOG_DIR/slurm and submits it with `sbatch`; `DRY_RUN=1` prints the script and the plan
 instead. Requeue is resume: the script asks for `--requeue` (unless `--no-requeue`); a job that Slurm requeues after
 a node failure starts the stage again on its new nodes, with new Ray ports (a requeued job keeps its SLURM_JOB_ID, so
-the ports follow SLURM_RESTART_COUNT too), and the stage resumes from its checkpoint directory as a rerun does. When
-the stage fails, the launcher waits for Slurm's verdict on the allocation's nodes before ending the job: a stage that
-failed because a node was lost must leave the job to Slurm's requeue, not end it as FAILED first.
+the ports follow SLURM_RESTART_COUNT too), and the stage resumes from its checkpoint directory as a rerun does. Beside
+the stage the launcher runs the cluster watch (cluster/watch.py): a node that leaves the Ray cluster (its link cut
+before Slurm calls it DOWN, its raylet or the head's Ray killed) would leave slime's driver waiting with no end, so the
+launcher stops the stage and requeues the job itself (`scontrol requeue`), up to --max-restarts times.
 """
 
 from __future__ import annotations
@@ -186,22 +187,17 @@ def visible_devices(step_visible: str | None, gpus: tuple[int, ...]) -> str:
     return ",".join(devices[g] for g in gpus)
 
 
-def slurmd_timeout(show_config: str) -> int | None:
-    """SlurmdTimeout from `scontrol show config`: how long before Slurm calls a silent node DOWN."""
-    match = re.search(r"^SlurmdTimeout\s*=\s*(\d+)", show_config, re.MULTILINE)
-    return int(match.group(1)) if match else None
-
-
-def lost_nodes(show_nodes: str, nodes: tuple[str, ...]) -> list[str]:
-    """The allocation's nodes that `scontrol -o show node` shows lost (DOWN, FAIL or NOT_RESPONDING), as
-    `NAME (STATE)`."""
-    lost = []
-    for line in show_nodes.splitlines():
-        name = re.search(r"NodeName=(\S+)", line)
-        state = re.search(r"State=(\S+)", line)
-        if name and state and name.group(1) in nodes and re.search(r"DOWN|FAIL|NOT_RESPONDING|\*", state.group(1)):
-            lost.append(f"{name.group(1)} ({state.group(1)})")
-    return lost
+def verdict(rc: int, lost: str | None, restart: int, max_restarts: int) -> tuple[bool, str]:
+    """After a run: (requeue?, the line that says why). A node that left the Ray cluster (the watch's line) is a
+    fault the checkpoint heals: the job goes back to Slurm's queue and resumes there, up to max_restarts times in all
+    (SLURM_RESTART_COUNT counts Slurm's own requeues too). Anything else ends the job with the stage's status."""
+    if lost is None:
+        return False, f"the stage ended with status {rc}"
+    if restart >= max_restarts:
+        return False, (f"{lost}; the job has been restarted {restart} time(s), --max-restarts {max_restarts}: "
+                       "it ends here; sbatch its script again to resume from the last checkpoint")
+    return True, (f"{lost}; requeueing the job (restart {restart + 1} of at most {max_restarts}): it resumes from "
+                  "the stage's last checkpoint")
 
 
 # ---- the batch script -----------------------------------------------------------------------------------------
@@ -219,6 +215,7 @@ class Settings:
     container_mounts: str = ""
     sbatch_lines: tuple[str, ...] = ()
     requeue: bool = True
+    max_restarts: int = 3
     exclusive: bool = True
     output_dir: str = ""
     root: str = str(ROOT)
@@ -233,6 +230,8 @@ class Settings:
         for line in self.sbatch_lines:
             if not line.startswith("-") or "\n" in line:
                 return f"--sbatch-line {line!r} must be one sbatch option, e.g. --qos=high"
+        if self.max_restarts < 0:
+            return f"--max-restarts {self.max_restarts} must be 0 or more"
         if self.container_mounts and not self.container_image:
             return "--container-mounts needs --container-image"
         return None
@@ -247,19 +246,18 @@ def srun_container(settings: Settings) -> list[str]:
     return [*out, f"--container-mounts={mounts}", f"--container-workdir={settings.root}"]
 
 
-def stage_argv(settings: Settings, head: str) -> list[str]:
-    """The stage script as the launcher runs it on the first node: in the batch script itself, or in the container
-    (a step beside the head's Ray step) when there is one."""
-    stage = ["bash", str(Path(settings.root) / "scripts" / settings.stage), *settings.stage_args]
+def on_head(settings: Settings, head: str, argv: list[str]) -> list[str]:
+    """A command of the launcher's on the first node (the stage script, the cluster watch): in the batch script
+    itself, or in the container (a step beside the head's Ray step) when there is one."""
     if not settings.container_image:
-        return stage
-    return ["srun", "--nodes=1", "--ntasks=1", "--overlap", f"--nodelist={head}", *srun_container(settings), *stage]
+        return argv
+    return ["srun", "--nodes=1", "--ntasks=1", "--overlap", f"--nodelist={head}", *srun_container(settings), *argv]
 
 
 def run_argv(settings: Settings) -> list[str]:
     """The launcher's command in the batch script, with the settings it needs in the allocation."""
     argv = [settings.python, "-m", "tau2_rl_pipeline.cluster.slurm", "run", "--nodes", str(settings.nodes),
-            "--python", settings.python]
+            "--python", settings.python, "--max-restarts", str(settings.max_restarts if settings.requeue else 0)]
     if settings.container_image:
         argv += ["--container-image", settings.container_image]
     if settings.container_mounts:
@@ -351,6 +349,9 @@ def _answers(host: str, port: int) -> bool:
         return False
 
 
+WATCH_PREFIX, WATCH_LOST = "cluster watch: ", 3  # tau2_rl_pipeline/cluster/watch.py's line and exit status
+WATCH_GRACE_S = 20
+REQUEUE_WAIT_S = 300
 READY = "Ray runtime started"  # what `ray start` prints once the node's Ray (the head's: GCS, dashboard) is up
 
 
@@ -412,17 +413,34 @@ def wait_for_head(job: Job, head: str, ip: str, ports: RayPorts, limit_s: float)
     return f"the Ray head at {ip}:{ports.gcs} did not start within {limit_s:.0f} s (RAY_JOIN_TIMEOUT)"
 
 
-def wait_for_slurm(nodes: tuple[str, ...], limit_s: float) -> list[str]:
-    """After the stage failed: poll Slurm's view of the nodes for up to limit_s; the nodes it calls lost (Slurm then
-    requeues the job, with --requeue, and ends this run with SIGTERM), or none (an ordinary failure)."""
-    deadline = time.monotonic() + limit_s
-    while time.monotonic() < deadline:
-        shown = subprocess.run(["scontrol", "-o", "show", "node", ",".join(nodes)], capture_output=True, text=True,
-                               check=False).stdout
-        if lost := lost_nodes(shown, nodes):
-            return lost
-        time.sleep(2)
-    return []
+def run_watched(job: Job, nodes: set[str], watch_argv: list[str]) -> tuple[int, str | None]:
+    """Wait for the stage with the cluster watch beside it (tau2_rl_pipeline/cluster/watch.py, started once every
+    node's Ray has started): (the stage's status, the watch's line naming the node that left the Ray cluster, or
+    None). A node lost stops the stage, which would otherwise wait on it with no end; a stage that fails by itself
+    gives the watch WATCH_GRACE_S to say whether a node's loss is why."""
+    watch: subprocess.Popen | None = None
+    watching, failed_at = True, None
+    while True:
+        rc = job.stage.poll()
+        if watching and watch is None and nodes <= job.ready:
+            say(f"+ {shlex.join(watch_argv)}")
+            watch = subprocess.Popen(watch_argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True, errors="replace")
+            job.steps.append(("watch", watch))
+        if watching and watch is not None and watch.poll() is not None:
+            said = [line.removeprefix(WATCH_PREFIX) for line in watch.stdout.read().splitlines()
+                    if line.startswith(WATCH_PREFIX)]
+            if watch.returncode == WATCH_LOST and said:
+                job.stop()
+                return (job.stage.returncode or 1), said[-1]
+            say(f"warning: the cluster watch ended without a verdict ({said[-1:] or watch.returncode}); "
+                "the stage goes on unwatched")
+            watching = False
+        if rc is not None:
+            failed_at = failed_at or time.monotonic()
+            if rc == 0 or not watching or watch is None or time.monotonic() - failed_at > WATCH_GRACE_S:
+                return rc, None
+        time.sleep(1)
 
 
 def run_allocation(settings: Settings, env: Mapping[str, str]) -> int:
@@ -459,29 +477,24 @@ def run_allocation(settings: Settings, env: Mapping[str, str]) -> int:
             job.srun(node, [*me, "--ip", ips[node], "--head-ip", head_ip], settings)
         stage_env = {**env, "RAY_ADDRESS": f"http://{head_ip}:{ports.dashboard}", "MASTER_ADDR": head_ip,
                      "NUM_NODES": str(len(alloc.nodes)), "GPUS_PER_NODE": str(len(gpus))}
-        stage = stage_argv(settings, head)
+        stage = on_head(settings, head, ["bash", str(Path(settings.root) / "scripts" / settings.stage),
+                                         *settings.stage_args])
         say(f"+ {shlex.join(stage)}  (RAY_ADDRESS={stage_env['RAY_ADDRESS']})")
         started = time.monotonic()
         job.stage = subprocess.Popen(stage, env=stage_env, stdin=subprocess.DEVNULL, start_new_session=True)
-        rc = job.stage.wait()
-        say(f"the stage ended with status {rc} after {time.monotonic() - started:.0f} s")
-        # a node whose Ray had started and answers no more: lost, or only its Ray? Slurm says which
-        silent = [n for n in alloc.nodes if n in job.ready and not _answers(ips[n], ports.node_manager)] \
-            if rc != 0 else []
-        if silent:
-            show = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True, check=False).stdout
-            limit = (slurmd_timeout(show) or 300) + 60
-            say(f"Ray does not answer on {', '.join(silent)}: waiting up to {limit:.0f} s for Slurm's verdict on "
-                "the nodes (a lost node requeues the job)")
-            if lost := wait_for_slurm(alloc.nodes, limit):
-                # Slurm ends this run and requeues the job; until it does, nothing of the run is left running here
-                say(f"node(s) lost: {', '.join(lost)}: Slurm requeues the job (--requeue); it resumes from the "
-                    "stage's checkpoint")
-                job.stop()
-                deadline = time.monotonic() + limit
-                while time.monotonic() < deadline:
-                    time.sleep(1)
-        return rc
+        watch = on_head(settings, head, [settings.python, "-m", "tau2_rl_pipeline.cluster.watch", "--address",
+                                         f"{head_ip}:{ports.gcs}", "--expect", ",".join(ips[n] for n in alloc.nodes)])
+        rc, lost = run_watched(job, set(alloc.nodes), watch)
+        requeue, line = verdict(rc, lost, alloc.restart, settings.max_restarts)
+        say(f"{line} (after {time.monotonic() - started:.0f} s)")
+        if not requeue:
+            return rc
+        job.stop()  # nothing of this run stays; then Slurm ends the batch script (SIGTERM) and queues the job again
+        asked = subprocess.run(["scontrol", "requeue", str(alloc.job_id)], capture_output=True, text=True, check=False)
+        if asked.returncode != 0:
+            raise SlurmError(f"scontrol requeue {alloc.job_id} failed: {(asked.stderr or asked.stdout).strip()}")
+        time.sleep(REQUEUE_WAIT_S)
+        raise SlurmError(f"Slurm did not requeue job {alloc.job_id} within {REQUEUE_WAIT_S} s of scontrol requeue")
     finally:
         job.stop()
 
@@ -491,7 +504,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
     return Settings(stage=args.stage, nodes=args.nodes, gpus_per_node=args.gpus_per_node, partition=args.partition,
                     account=args.account, time=args.time, container_image=args.container_image,
                     container_mounts=args.container_mounts, sbatch_lines=tuple(args.sbatch_line),
-                    requeue=args.requeue, exclusive=args.exclusive, output_dir=args.output_dir,
+                    requeue=args.requeue, max_restarts=args.max_restarts, exclusive=args.exclusive, output_dir=args.output_dir,
                     python=args.python, stage_args=tuple(args.stage_args))
 
 
@@ -541,6 +554,8 @@ def parser() -> argparse.ArgumentParser:
     submit.add_argument("--sbatch-line", action="append", default=[], help="one more #SBATCH option (repeatable)")
     submit.add_argument("--no-requeue", dest="requeue", action="store_false",
                         help="a node failure ends the job (default: Slurm requeues it and the stage resumes)")
+    submit.add_argument("--max-restarts", type=int, default=3,
+                        help="how often a node lost from the Ray cluster may requeue the job (default 3)")
     submit.add_argument("--shared-nodes", dest="exclusive", action="store_false",
                         help="do not ask for whole nodes (--exclusive)")
     submit.add_argument("--output-dir", default="", help="where the job's output goes (default $LOG_DIR/slurm)")
@@ -552,6 +567,7 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--container-image", default="")
     run.add_argument("--container-mounts", default="")
     run.add_argument("--python", default="python3")
+    run.add_argument("--max-restarts", type=int, default=0)
     run.add_argument("stage")
     run.add_argument("stage_args", nargs=argparse.REMAINDER)
     node = sub.add_parser("node", help="in a node's srun step: ray start --block on the layout's GPUs")
@@ -572,7 +588,7 @@ def main(argv: list[str] | None = None) -> int:
         stage_args = [a for a in args.stage_args if a != "--"]
         settings = Settings(stage=args.stage, nodes=args.nodes, gpus_per_node=1,
                             container_image=args.container_image, container_mounts=args.container_mounts,
-                            python=args.python, stage_args=tuple(stage_args))
+                            python=args.python, max_restarts=args.max_restarts, stage_args=tuple(stage_args))
         return run_allocation(settings, os.environ)
     except SlurmError as exc:
         say(f"error: {exc}")
