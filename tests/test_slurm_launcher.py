@@ -148,6 +148,7 @@ def test_the_batch_script_carries_the_settings() -> None:
     assert script.splitlines()[-1] == ("exec python3 -m tau2_rl_pipeline.cluster.slurm run --nodes 2 --python python3 "
                                       "--max-restarts 3 --container-image nvcr.io/nvidia/pytorch:24.05 --container-mounts /data:/data "
                                       "-- train_grpo.sh")
+    assert "\ncd " not in script  # the job runs where it was submitted from (sbatch's default), as the stage would
     # every #SBATCH line comes before the first command, as sbatch reads them
     first_command = next(i for i, line in enumerate(script.splitlines()) if line and not line.startswith("#"))
     assert all(i < first_command for i, line in enumerate(script.splitlines()) if line.startswith("#SBATCH"))

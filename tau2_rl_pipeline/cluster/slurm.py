@@ -285,7 +285,6 @@ def render_batch(settings: Settings) -> str:
     lines += [f"#SBATCH {line}" for line in settings.sbatch_lines]
     lines += ["# Written by scripts/slurm.sh (tau2_rl_pipeline/cluster/slurm.py); sbatch it again to rerun.",
               "set -euo pipefail",
-              f"cd {shlex.quote(settings.root)}",
               f'export PYTHONPATH={shlex.quote(settings.root)}"${{PYTHONPATH:+:${{PYTHONPATH}}}}"',
               f"exec {shlex.join(run_argv(settings))}", ""]
     return "\n".join(lines)
@@ -362,6 +361,7 @@ class Job:
         self.steps: list[tuple[str, subprocess.Popen]] = []
         self.ready: set[str] = set()
         self.stage: subprocess.Popen | None = None
+        self.watch: subprocess.Popen | None = None
 
     def srun(self, node: str, argv: list[str], settings: Settings) -> subprocess.Popen:
         """A step on one node, its output passed on to the job's (and read for READY)."""
@@ -388,7 +388,12 @@ class Job:
         for proc in procs:
             if proc.poll() is None:
                 try:
-                    os.killpg(proc.pid, signal.SIGTERM) if proc is self.stage else proc.terminate()
+                    if proc is self.stage:
+                        os.killpg(proc.pid, signal.SIGTERM)
+                    elif proc is self.watch:  # a Ray driver that only reads: Ray's exit handlers would abort it
+                        proc.kill()
+                    else:
+                        proc.terminate()
                 except ProcessLookupError:
                     pass
         deadline = time.monotonic() + grace_s
@@ -427,6 +432,7 @@ def run_watched(job: Job, nodes: set[str], watch_argv: list[str]) -> tuple[int, 
             watch = subprocess.Popen(watch_argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, text=True, errors="replace")
             job.steps.append(("watch", watch))
+            job.watch = watch
         if watching and watch is not None and watch.poll() is not None:
             said = [line.removeprefix(WATCH_PREFIX) for line in watch.stdout.read().splitlines()
                     if line.startswith(WATCH_PREFIX)]

@@ -99,7 +99,10 @@ def requeued(tmp_path_factory: pytest.TempPathFactory, tiny_small_dir: Path) -> 
         env.update(cluster.env, HOSTS_JOB_MORE="", HOSTS_JOB_PROGRESS=str(progress), GRPO_SAVE_INTERVAL="1",
                    TRAIN_TP="1", HOSTS_JOB_ROLLOUTS=str(ROLLOUTS_PER_RUN),
                    TAU2_USER_API_BASE=f"http://{login.address}:{USER_SIM_PORT}/v1",
-                   TAU2_THIRD_PARTY=str(third_party_path()))  # the job driver's slime, wherever this checkout is
+                   TAU2_THIRD_PARTY=str(third_party_path()),  # the job driver's slime, wherever this checkout is
+                   # the hosts share one machine's memory: each host's Ray would count the others' (and whatever else
+                   # runs here) as its own and kill the job's workers near 95% of it
+                   RAY_memory_monitor_refresh_ms="0")
         start_user_sim(cluster, login, env, shared)
         out_dir = shared / "slurm"
         submit = login.run(["bash", str(ROOT / "scripts/slurm.sh"), "--nodes", "2", "--gpus-per-node", "2",
@@ -159,6 +162,8 @@ def requeued(tmp_path_factory: pytest.TempPathFactory, tiny_small_dir: Path) -> 
             record["left"], record["cgroups"] = left, cluster.job_cgroups()
             return not any(left.values()) and not record["cgroups"]
         record["clean"] = wait(clean, 240, 2)
+        record["cores"] = sorted(str(p) for p in shared.rglob("core*")  # the job's processes that crashed
+                                 if p.is_file() and p.name.split(".")[0] == "core")
         record["clean_after_s"] = time.monotonic() - t0
         record["states"] = cluster.states()
         record["address_of"] = {cluster.node_name(h.index): h.address for h in cluster.hosts}
@@ -221,3 +226,4 @@ def test_the_stage_ran_slimes_placement_with_engines_at_each_nodes_own_address(r
 
 def test_nothing_of_the_job_is_left_on_any_host(requeued: dict) -> None:
     assert requeued["clean"], (requeued["left"], requeued["cgroups"], requeued["states"])
+    assert not requeued["cores"], requeued["cores"]  # no process of the launcher's dumped core where it ran
