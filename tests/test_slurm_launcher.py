@@ -122,7 +122,7 @@ def test_ray_start_lines_for_the_head_and_a_worker() -> None:
     worker = ray_start_argv("10.0.0.2", 4, ports, "10.0.0.1")
     assert worker[worker.index("--address") + 1] == "10.0.0.1:20000" and "--head" not in worker
     assert worker[worker.index("--node-ip-address") + 1] == "10.0.0.2"
-    assert worker[worker.index("--node-manager-port") + 1] == "20003"  # the port the launcher knocks on
+    assert worker[worker.index("--node-manager-port") + 1] == "20003"  # inside the run's block
 
 
 def test_a_node_lost_requeues_the_job_up_to_max_restarts() -> None:

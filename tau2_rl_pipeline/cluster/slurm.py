@@ -121,7 +121,7 @@ def policy_gpus(env: Mapping[str, str]) -> tuple[int, ...]:
 class RayPorts:
     """The ports one run's Ray takes on each node. Ray's own defaults are fixed numbers (6379, 8265, 52365) or
     random: a requeued job whose old raylet still holds one on a node (a node cut off and back) would fail to start.
-    The raylet's own port is fixed too, so the launcher can ask whether a node's Ray still answers."""
+    The raylet's own port (random by default) is kept inside the run's block too."""
 
     gcs: int
     dashboard: int
