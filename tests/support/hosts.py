@@ -95,6 +95,13 @@ def under_covered(paths: list[Path]) -> list[Path]:
     return [p for i, p in enumerate(covered) if not any(p.is_relative_to(q) for q in covered[:i])]
 
 
+def _pid_ns(pid: int) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/pid")
+    except OSError:
+        return None
+
+
 def netns_pids(name: str) -> list[int]:
     proc = subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True, check=False)
     return [int(p) for p in proc.stdout.split()] if proc.returncode == 0 else []
@@ -230,16 +237,25 @@ class Hosts:
             "mount -t tmpfs -o size=64m tmpfs /run",
             "mkdir -p /run/sshd",
             *(f"mkdir -p {path}; mount --bind {stage} {path}; umount {stage}" for path, stage in paths),
+            *self.host_setup(i),
             f"hostname {self.run_id}-h{i}",
             f"exec {SSHD} -D -e -f {d / 'sshd_config'}",
         ])
+
+    def host_setup(self, i: int) -> list[str]:
+        """More shell lines for host i's mount namespace, before its sshd starts (a subclass's: support/slurm.py)."""
+        return []
+
+    def holder(self, i: int) -> list[str]:
+        """What `ip netns exec` runs for host i: the namespaces' first process, which becomes its sshd."""
+        return ["unshare", "--mount", "--uts", "--pid", "--fork", "--mount-proc", "--propagation", "private",
+                "sh", "-c", self.mount_script(i)]
 
     def _start(self, i: int) -> Host:
         ns = f"{self.run_id}-h{i}"
         log = open(self.base / f"h{i}" / "sshd.log", "wb")  # noqa: SIM115 - the child keeps it
         proc = subprocess.Popen(
-            ["ip", "netns", "exec", ns, "unshare", "--mount", "--uts", "--pid", "--fork", "--mount-proc",
-             "--propagation", "private", "sh", "-c", self.mount_script(i)],
+            ["ip", "netns", "exec", ns, *self.holder(i)],
             stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
         log.close()
         self._procs.append(proc)
@@ -247,8 +263,8 @@ class Hosts:
         while time.monotonic() < deadline:
             children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children")
             kids = children.read_text().split() if children.exists() else []
-            if kids:
-                return Host(i, f"{SUBNET}.{i + 1}", ns, int(kids[0]))
+            if init := next((int(k) for k in kids if _pid_ns(int(k)) not in (None, _pid_ns(proc.pid))), None):
+                return Host(i, f"{SUBNET}.{i + 1}", ns, init)  # the child in a PID namespace of its own
             if proc.poll() is not None:
                 break
             time.sleep(0.05)
