@@ -1,4 +1,6 @@
-"""A stage on a Slurm allocation: the batch script from settings, and inside the allocation a Ray head on the first
+"""A stage on a Slurm allocation, from the batch script to a clean teardown.
+
+The batch script comes from settings; inside the allocation a Ray head starts on the first
 node and a worker on each other one (`srun -w NODE ray start ... --block`), the unchanged stage script joined to
 that cluster through RAY_ADDRESS (it runs the cluster check and the job), then a clean teardown.
 

@@ -79,7 +79,7 @@ def stage_env(shared: Path, hosts: hosts_mod.Hosts, layout: str, gpus: int) -> d
         "BASE_HF_DIR": str(out / "models/tiny"), "BASE_TORCH_DIST_DIR": str(out / "models/tiny_torch_dist"),
         "HOSTFILE": str(shared / "hostfile"), "MASTER_ADDR": head, "SLIME_HOST_IP": head,
         "GLOO_SOCKET_IFNAME": "eth0", "NCCL_SOCKET_IFNAME": "eth0", "RAY_SSH": hosts.ray_ssh,
-        "RAY_JOIN_TIMEOUT": "180", "RAY_USAGE_STATS_ENABLED": "0", "RAY_OVERRIDE_RESOURCES": '{"CPU": 16}',
+        "RAY_JOIN_TIMEOUT": "180", "RAY_USAGE_STATS_ENABLED": "0", "RAY_memory_monitor_refresh_ms": "0", "RAY_OVERRIDE_RESOURCES": '{"CPU": 16}',
         "TAU2_USER_API_BASE": f"http://{last}:{USER_SIM_PORT}/v1", "TAU2_USER_MODEL": "openai/tiny",
         "TAU2_USER_MAX_RETRIES": "0", "TAU2_MAX_TURNS": "2", "GRPO_ROLLOUT_BATCH_SIZE": "2", "GRPO_N_SAMPLES": "2",
         "GRPO_MAX_RESPONSE_LEN": "16", "SFT_BATCH_SIZE": "8",

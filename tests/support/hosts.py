@@ -143,7 +143,10 @@ class Hosts:
         self.visible = [self.shared] + [p for p in under_covered(code_paths()) if not self.shared.is_relative_to(p)
                                         and not p.is_relative_to(self.shared)]
         self.switch = f"{self.run_id}-sw"
-        self.session_env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **(session_env or {})}
+        # Ray's memory monitor reads the whole machine's memory, which every host shares: under other jobs' load it
+        # killed a host's workers for memory the run did not use. Off in every session on the hosts.
+        self.session_env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "RAY_memory_monitor_refresh_ms": "0",
+                            **(session_env or {})}
         self.hosts: list[Host] = []
         self._procs: list[subprocess.Popen] = []
         self._n = n
