@@ -138,7 +138,9 @@ def test_a_watch_verdict_ends_the_stage_with_the_node_lost_status(tmp_path: Path
     bindir = fake_cluster_tools(tmp_path)
     (bindir / "python").write_text(FAKE_WATCH)
     (bindir / "python").chmod(0o755)
-    driver = 'source "$1/scripts/common.sh"; watched_job python job'
+    # the watch the plan names on a cluster the script starts (launch/stages.py's WATCH_CMD)
+    driver = ('source "$1/scripts/common.sh"; WATCH_CMD=(python -m tau2_rl_pipeline.cluster.watch); '
+              'LOG_DIR="${HOME}/logs"; watched_job python job')
     env = {"PATH": f"{bindir}:/usr/bin:/bin", "HOME": str(tmp_path), "TAU2_OUT_DIR": str(tmp_path / "out"),
            "SLIME_DIR": str(tmp_path), "HOSTFILE": hostfile(tmp_path, "127.0.0.5"), "PYTHON": str(bindir / "python"),
            **HEAD_HERE}
