@@ -94,9 +94,13 @@ def test_cli_writes_the_filtered_index_and_its_counts(tmp_path, capsys, monkeypa
     assert "no task left for GRPO" in err and len(err.strip().splitlines()) == 1 and not out2.exists()
 
 
-@pytest.mark.parametrize("bad", [["--grpo-max-pass-rate", "1.5"], ["--grpo-min-pass-rate", "0.8",
-                                                                    "--grpo-max-pass-rate", "0.2"]])
-def test_a_bad_band_is_a_one_line_error(tmp_path, capsys, bad):
+def test_a_bad_band_is_a_one_line_error(tmp_path, capsys):
     episodes, tasks = write_inputs(tmp_path)
-    assert main(["--episodes", str(episodes), "--tasks", str(tasks), "--out", str(tmp_path / "o.jsonl"), *bad]) == 2
+    common = ["--episodes", str(episodes), "--tasks", str(tasks), "--out", str(tmp_path / "o.jsonl")]
+    with pytest.raises(SystemExit) as exited:  # a rate out of [0, 1]: the flag's own check, before anything runs
+        main([*common, "--grpo-max-pass-rate", "1.5"])
+    err = capsys.readouterr().err.strip()
+    assert exited.value.code == 2 and "--grpo-max-pass-rate" in err and "\n" not in err, err
+    assert main([*common, "--grpo-min-pass-rate", "0.8", "--grpo-max-pass-rate", "0.2"]) == 2  # a band upside down
     assert "TAU2_GRPO_" in capsys.readouterr().err
+    assert not (tmp_path / "o.jsonl").exists()

@@ -50,3 +50,17 @@ def test_the_terminal_table_prints_each_value_with_its_ci_and_a_dash_for_a_missi
     Console(file=out, width=200).print(report.metrics_table(metrics, "run"))
     text = out.getvalue()
     assert "pass^4" in text and "T=2 tasks, E=8 eps" in text and "overall (macro)" in text
+
+
+def test_rates_by_domain_leave_out_aborted_and_unmarked_episodes_and_pool_several_domains() -> None:
+    """eval/summary.py's per-domain rates: an aborted episode, or one without the key (an older line of a resumed
+    file), counts nowhere; with several domains an overall entry pools them."""
+    from tau2_rl_pipeline.eval.summary import rates_by_domain
+
+    records = [{"domain": "airline", "status": "done", "monitors": {"x": 1}},
+               {"domain": "airline", "status": "aborted", "monitors": {"x": 1}},
+               {"domain": "retail", "status": "done", "monitors": {"x": 1}},
+               {"domain": "retail", "status": "done"}]
+    counts = rates_by_domain(records, "monitors", len)
+    assert counts == {"airline": 1, "retail": 1, "overall": 2}
+    assert rates_by_domain(records[:2], "monitors", len) == {"airline": 1}

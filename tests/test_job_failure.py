@@ -170,6 +170,7 @@ def test_watched_job_ends_at_once_with_the_line_and_no_wait_for_the_watch(tmp_pa
         source scripts/common.sh
         NUM_NODES=2 MASTER_ADDR=127.0.0.1 RAY_GCS_PORT=9 WORKERS=(127.0.0.2) LOG_DIR={tmp_path}/logs
         PYTHON={sys.executable}
+        WATCH_CMD=({sys.executable} -m tau2_rl_pipeline.cluster.watch --address 127.0.0.1:9 --expect 127.0.0.1,127.0.0.2)
         watched_job {sys.executable} -c {shlex.quote(job)}
     """
     started = time.monotonic()

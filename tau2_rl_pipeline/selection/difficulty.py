@@ -15,14 +15,13 @@ policy the RFT stage sampled with. Pure selection, then a small CLI.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from tau2_rl_pipeline.config import Tau2Config, add_config_args, config_from_args
+from tau2_rl_pipeline.config import Tau2Config, add_config_args, command_parser, config_from_args
 from tau2_rl_pipeline.files import atomic_write_bytes
 from tau2_rl_pipeline.learning.awsft import BASELINE_KEY
 from tau2_rl_pipeline.metrics import is_success
@@ -109,7 +108,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from tau2_rl_pipeline.benchmark.tasks import write_jsonl
     from tau2_rl_pipeline.eval.episodes_file import EpisodesFileError, read_episodes
 
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = command_parser("python -m tau2_rl_pipeline.selection.difficulty", __doc__.split("\n\n")[0])
     parser.add_argument("--episodes", type=Path, required=True, help="the RFT stage's evaluator episode file")
     parser.add_argument("--tasks", type=Path, required=True, help="the train task index to filter")
     parser.add_argument("--out", type=Path, required=True, help="the filtered task index (GRPO's --prompt-data)")

@@ -56,8 +56,6 @@ def runs() -> dict[str, tuple[str, dict[str, str]]]:
     out["train_grpo.sh-async-no-options"] = ("train_grpo.sh", {"GRPO_ASYNC": "1", "GRPO_PARTIAL_ROLLOUT": "0",
                                                                "GRPO_USE_TIS": "0"})
     out["train_grpo.sh-async-unmasked"] = ("train_grpo.sh", {"GRPO_ASYNC": "1", "GRPO_MASK_OFFPOLICY": "0"})
-    out["train_grpo.sh-async-slime-rollout"] = ("train_grpo.sh", {"GRPO_ASYNC": "1",
-                                                                  "GRPO_ASYNC_ROLLOUT_FUNCTION": SLIME_ASYNC_ROLLOUT})
     out["train_grpo.sh-awsft-token-mean"] = ("train_grpo.sh", {"GRPO_ALGORITHM": "awsft",
                                                                "TAU2_LOSS_REDUCTION": "token_mean"})
     out["train_grpo.sh-typo"] = ("train_grpo.sh", {"EXTRA_SLIME_ARGS": f"{TYPO} 0.3"})
@@ -157,17 +155,20 @@ def test_async_grpo_parses_as_meant(parsed: dict[str, list[dict]], layout: str) 
     assert args["world_size"] == gpus - gpus // 2
 
 
-def test_the_off_policy_guard_passes_every_grpo_argv_but_slime_own_async_rollout(parsed: dict[str, list[dict]]) -> None:
+def test_the_off_policy_guard_passes_every_grpo_argv_but_slime_own_async_rollout(parsed: dict[str, list[dict]],
+                                                                                  tmp_path: Path) -> None:
     """The guard (offpolicy_guard.refusal) over slime's own parse of each GRPO dry run: every mode the script offers
-    passes; GRPO_ASYNC_ROLLOUT_FUNCTION naming slime's own fully async rollout is refused in one line (the staleness
-    bound and the abort-storm stop do not hold under it)."""
+    passes; slime's own fully async rollout in an async argv is refused in one line (the staleness bound and the
+    abort-storm stop do not hold under it), and the stage script refuses GRPO_ASYNC_ROLLOUT_FUNCTION naming it with
+    that same line before anything starts (the planner applies the same rule)."""
     guarded = {name: refusal(Namespace(**only(parsed, name))) for name in parsed
-               if name.startswith("train_grpo.sh") and name not in ("train_grpo.sh-typo",
-                                                                    "train_grpo.sh-async-slime-rollout")}
+               if name.startswith("train_grpo.sh") and name != "train_grpo.sh-typo"}
     assert guarded and set(guarded.values()) == {None}, guarded
-    line = refusal(Namespace(**only(parsed, "train_grpo.sh-async-slime-rollout")))
+    line = refusal(Namespace(**{**only(parsed, "train_grpo.sh@8-async"), "rollout_function_path": SLIME_ASYNC_ROLLOUT}))
     assert line is not None and "\n" not in line
     assert line.startswith(f"--rollout-function-path {SLIME_ASYNC_ROLLOUT} runs this project's generate without")
+    refused = run_script("train_grpo.sh", tmp_path, GRPO_ASYNC="1", GRPO_ASYNC_ROLLOUT_FUNCTION=SLIME_ASYNC_ROLLOUT)
+    assert refused.rc == 1 and refused.text.strip().splitlines()[-1] == f"train_grpo.sh: error: {line}", refused.text
 
 
 def test_async_grpo_options_switch_off(parsed: dict[str, list[dict]]) -> None:
