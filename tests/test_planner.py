@@ -127,3 +127,19 @@ def test_a_running_cluster_is_joined_and_its_nodes_planned(tmp_path) -> None:
 def test_a_recipe_sets_the_grpo_batch() -> None:
     got = flags(plan("grpo", RECIPE="qwen3-8b-tau2").argv)
     assert (got["--rollout-batch-size"], got["--n-samples-per-prompt"], got["--num-rollout"]) == ("64", "16", "60")
+
+
+def test_the_planners_door_prints_a_refusal_in_one_line_and_a_plan_in_shell_words(monkeypatch, capsys) -> None:
+    """tau2_rl_pipeline.launch.__main__, the stage scripts' one call: a bad setting is one `SCRIPT: error:` line and
+    exit 1 with nothing on stdout; a dry run's plan is shell words on stdout, its notes on stderr."""
+    from tau2_rl_pipeline.launch.__main__ import main
+
+    monkeypatch.setenv("DRY_RUN", "maybe")
+    assert main(["grpo", "--prog", "train_grpo.sh"]) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and err == "train_grpo.sh: error: DRY_RUN=maybe must be 0 or 1\n"
+    monkeypatch.setenv("DRY_RUN", "1")
+    monkeypatch.setenv("TAU2_OUT_DIR", "/nonexistent/out")
+    assert main(["download", "--prog", "download.sh"]) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith("export ") and "step_" in out, out
