@@ -24,12 +24,13 @@ import argparse
 import os
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
 from dataclasses import dataclass
+
+from tau2_rl_pipeline.cluster.watch import knock
 
 NODE_LOST = 75  # the stage's exit status when the cluster watch stopped it (scripts/cluster_watch.sh: NODE_LOST_STATUS)
 RESTARTS_ENV = "STAGE_RESTARTS"  # set for the stage: how many restarts came before this run (its presence: supervised)
@@ -85,19 +86,11 @@ def due(now_s: float, last_s: float | None) -> bool:
 
 
 # ---- the edges: the stage's process, ssh, sockets ------------------------------------------------------------
-def _listening(host: str, port: int) -> bool:
-    try:
-        with socket.create_connection((host, port), timeout=2):
-            return True
-    except OSError:
-        return False
-
-
 def problems(args: argparse.Namespace) -> dict[str, str]:
     """Each host that is not ready yet, with why: the head's Ray ports taken, a worker's probe over ssh."""
     found: dict[str, str] = {}
     head, gcs_port = args.head.rsplit(":", 1)
-    taken = [port for host, port in ((head, int(gcs_port)), ("127.0.0.1", args.dashboard_port)) if _listening(host, port)]
+    taken = [port for host, port in ((head, int(gcs_port)), ("127.0.0.1", args.dashboard_port)) if knock(host, port, 2)]
     if taken:
         found[head] = f"the head's Ray port(s) {', '.join(map(str, taken))} still taken"
     ssh = shlex.split(args.ssh)

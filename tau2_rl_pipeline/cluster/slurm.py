@@ -35,6 +35,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tau2_rl_pipeline.cluster.watch import knock
+
 PREFIX = "slurm: "
 ROOT = Path(__file__).resolve().parents[2]
 # The GPU layouts of scripts/common.sh (TAU2_GPU_LAYOUT): the GPUs each node gives Ray (the policy's). POLICY_GPUS
@@ -342,14 +344,6 @@ def node_main(args: argparse.Namespace) -> int:
     return 1  # not reached
 
 
-def _answers(host: str, port: int) -> bool:
-    try:
-        with socket.create_connection((host, port), timeout=3):
-            return True
-    except OSError:
-        return False
-
-
 WATCH_PREFIX, WATCH_LOST = "cluster watch: ", 3  # tau2_rl_pipeline/cluster/watch.py's line and exit status
 WATCH_GRACE_S = 20
 REQUEUE_WAIT_S = 300
@@ -414,7 +408,7 @@ def wait_for_head(job: Job, head: str, ip: str, ports: RayPorts, limit_s: float)
         if any(proc.poll() is not None for _, proc in job.steps):
             node = next(n for n, p in job.steps if p.poll() is not None)
             return f"Ray on {node} ended before the cluster was up (see its lines above)"
-        if head in job.ready and _answers(ip, ports.gcs):
+        if head in job.ready and knock(ip, ports.gcs, 3):
             return None
         time.sleep(1)
     return f"the Ray head at {ip}:{ports.gcs} did not start within {limit_s:.0f} s (RAY_JOIN_TIMEOUT)"
