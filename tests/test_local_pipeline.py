@@ -284,3 +284,12 @@ def test_the_report_counts_grpo_steps_with_signal_and_charts_them(tmp_path: Path
     assert summary_lines(moved) == summary_lines(report)  # a difference: the paired comparison's to judge
     (chart,) = write_charts(report, tmp_path)
     assert chart.name == "grpo_reward.png" and chart.stat().st_size > 0
+
+
+def test_each_stage_depends_on_the_settings_of_the_stage_it_starts_from() -> None:
+    from tau2_rl_pipeline.launch.recipe import starts_from
+
+    settings = settings_for("--algorithm", "grpo,awsft")
+    for stage in ("sft", "rft", "grpo", "awsft"):
+        start = settings[starts_from(stage)]
+        assert {k: settings[stage][k] for k in start} == start, stage

@@ -143,3 +143,27 @@ def test_the_planners_door_prints_a_refusal_in_one_line_and_a_plan_in_shell_word
     assert main(["download", "--prog", "download.sh"]) == 0
     out, err = capsys.readouterr()
     assert out.startswith("export ") and "step_" in out, out
+
+
+def test_one_stage_graph_both_backends_read() -> None:
+    """Each training stage starts from an earlier one; slime's stages load the checkpoint their start saves, the local
+    pipeline compares each stage with its start, and a stage outside the recipe is refused by name."""
+    from tau2_rl_pipeline.launch.recipe import STAGE_GRAPH, starts_from
+    from tau2_rl_pipeline.local.demo_report import COMPARISONS
+
+    seen = ["base"]
+    for stage in STAGE_GRAPH:
+        assert stage.starts_from in seen, stage
+        seen.append(stage.name)
+    saves = {"base": flags(plan("sft").argv)["--load"], "sft": flags(plan("sft").argv)["--save"],
+             "rft": flags(plan("rft").argv)["--save"]}
+    assert flags(plan("rft").argv)["--load"] == saves[starts_from("rft")] == saves["sft"]
+    for algorithm in ("grpo", "awsft"):
+        assert flags(plan("grpo", GRPO_ALGORITHM=algorithm).argv)["--load"] == saves[starts_from(algorithm)]
+    assert COMPARISONS == (("base", "sft"), ("sft", "rft"), ("rft", "grpo"), ("rft", "awsft"))
+    # scripts/pipeline.sh runs slime's training stages in the recipe's order, each after the stage it starts from
+    headers = [s.args[0].split()[3].rstrip(":") for s in plan("pipeline").steps if s.verb == "header"]
+    trained = [h for h in headers if h in {s.name for s in STAGE_GRAPH}]
+    assert trained == ["sft", "rft", "grpo"], headers
+    with pytest.raises(KeyError, match="no training stage 'ppo' in the recipe"):
+        starts_from("ppo")

@@ -479,7 +479,7 @@ def test_stages_hand_their_outputs_to_the_next_stage(dry_dir: Path) -> None:
     assert flags(rft_cmd)["--merge-with"] == sft_flags(dry_dir)["--prompt-data"]
     assert flags(rft_cmd)["--hf-checkpoint"].endswith("models/sft_hf")  # what the policy server serves
     assert rft_train["--save"] == grpo_flags(dry_dir)["--load"]
-    assert rft_train["--load"] == sft_flags(dry_dir)["--load"]  # RFT trains from the base model again
+    assert rft_train["--load"] == sft_flags(dry_dir)["--save"]  # RFT starts from SFT (the recipe's stage graph)
     tasks = command_with(cached_dry("pipeline.sh", dry_dir), "tau2_rl_pipeline.benchmark.tasks")
     assert str(Path(flags(tasks)["--local_dir"]) / "tau2_train_all_tasks.jsonl") == grpo_flags(dry_dir)["--prompt-data"]
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, fields, replace
 from tau2_rl_pipeline.config import DEFAULT_USER_TEMPERATURE, ConfigError, Tau2Config, unknown_variable_warnings
 from tau2_rl_pipeline.launch.cluster import Cluster, read_cluster
 from tau2_rl_pipeline.launch.machine import Machine
+from tau2_rl_pipeline.launch.recipe import starts_from
 from tau2_rl_pipeline.launch.settings import GpuLayout, Paths, Reader, Refused, read_gpu_layout, read_paths
 from tau2_rl_pipeline.scale.presets import defaults, recipe_notes
 from tau2_rl_pipeline.scale.sizing import model_args_from_file
@@ -56,6 +57,11 @@ class Common:
         with open(self.model_args_script, encoding="utf-8") as f:
             return model_args_from_file(f.read())
 
+    def start_of(self, stage: str) -> str:
+        """The torch_dist checkpoint `stage` starts from by the recipe's stage graph (its INIT_DIR default)."""
+        p = self.paths
+        return {"base": self.base_torch_dist, "sft": p.sft_ckpt, "rft": p.rft_ckpt}[starts_from(stage)]
+
     @property
     def max_turns(self) -> int:
         return int(self.r.get("TAU2_MAX_TURNS", self.preset.get("TAU2_MAX_TURNS", str(MAX_TURNS))))
@@ -65,6 +71,13 @@ class Common:
         env = {k: v for k, v in self.r.environ.items() if k.startswith("TAU2_")}
         env.update({k: v for k, v in self.exports.items() if k.startswith("TAU2_")})
         return env
+
+
+def start_hint(stage: str) -> str:
+    """What a missing start of `stage` is, and the script that makes it (the dry run's warning, the run's refusal)."""
+    start = starts_from(stage)
+    made_by = "convert_hf_to_megatron.sh" if start == "base" else f"train_{start}.sh"
+    return f"initial torch_dist checkpoint (scripts/{made_by})"
 
 
 def preset_for(r: Reader, world: int) -> dict[str, str]:

@@ -14,7 +14,7 @@ import os
 import re
 
 from tau2_rl_pipeline.launch.cluster import place
-from tau2_rl_pipeline.launch.common import Common
+from tau2_rl_pipeline.launch.common import Common, start_hint
 from tau2_rl_pipeline.launch.plan import StagePlan
 from tau2_rl_pipeline.launch.recipe import POLICY_LOSS, SLIME_GRPO, spelled
 from tau2_rl_pipeline.launch.settings import Refused
@@ -43,7 +43,8 @@ from tau2_rl_pipeline.scale.sizing import Work
 def grpo(c: Common, plan: StagePlan) -> None:  # noqa: C901 (one stage's settings, read in the scripts' order)
     r, paths, d, loss = c.r, c.paths, SLIME_GRPO, POLICY_LOSS
     args = c.model_args
-    init, data = r.get("GRPO_INIT_DIR", paths.rft_ckpt), r.get("GRPO_PROMPT_DATA", f"{paths.tasks}/tau2_train_all_tasks.jsonl")
+    init = r.get("GRPO_INIT_DIR", c.start_of("grpo"))  # AWSFT's start is GRPO's (the recipe's stage graph)
+    data = r.get("GRPO_PROMPT_DATA", f"{paths.tasks}/tau2_train_all_tasks.jsonl")
     group = r.get("GRPO_WANDB_GROUP", f"grpo-{c.value('MODEL_SHORT')}")
     algorithm = r.get("GRPO_ALGORITHM", "grpo")
     token_mean = r.get("TAU2_LOSS_REDUCTION", loss.loss_reduction) == "token_mean"
@@ -119,7 +120,7 @@ def grpo(c: Common, plan: StagePlan) -> None:  # noqa: C901 (one stage's setting
     if algorithm == "awsft" and not c.machine.has_text(data, '"reference_pass_rate"'):
         r.note(f"GRPO_ALGORITHM=awsft: no task in {data} has a reference_pass_rate (the difficulty stage writes it): "
                "each weight follows the batch z-score of the rewards")
-    need_dir(c, init, "initial torch_dist checkpoint (scripts/train_rft.sh)")
+    need_dir(c, init, start_hint("grpo"))
     need_file(c, f"{c.base_hf}/config.json", "base model (scripts/download.sh)")
     need_dir(c, paths.slime, "slime (SLIME_DIR)")
     need_user_sim(c, in_ray=True)

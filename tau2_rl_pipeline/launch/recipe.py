@@ -1,4 +1,4 @@
-"""The GRPO, AWSFT and SFT defaults, written once for both backends.
+"""The stage graph and the GRPO, AWSFT and SFT defaults, written once for both backends.
 
 The slime stage scripts (launch/stages.py) and the local backend (local/trainer.py, local/pipeline.py) read the same objects.
 
@@ -11,6 +11,36 @@ learning rates, batch and layout that depend on the model's size are scale/prese
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class RecipeStage:
+    """A training stage of the recipe: the checkpoint it starts from (for GRPO and AWSFT also the KL reference) and
+    what it trains on. slime's pipeline (launch/graph.py, launch/stages.py, launch/grpo.py) and the local one
+    (local/pipeline.py, its paired comparisons) read this one chain."""
+
+    name: str
+    starts_from: str  # "base" or an earlier stage's name
+    trains_on: str
+
+
+# Each stage starts from the one before; RFT's data is sampled by the policy it starts from (the SFT one). Both policy
+# stages (GRPO and AWSFT, the local pipeline's --algorithm) start from RFT. RFT_INIT_DIR=<the base torch_dist dir>
+# gives slime's RFT the original cookbook's start (its "SFT1": the base model again).
+STAGE_GRAPH = (
+    RecipeStage("sft", "base", "the seed demonstrations"),
+    RecipeStage("rft", "sft", "the SFT policy's successful episodes (rejection sampling) with the seed demonstrations"),
+    RecipeStage("grpo", "rft", "the train tasks in the RFT sampling's pass-rate band (PPO-clip loss)"),
+    RecipeStage("awsft", "rft", "the train tasks in the RFT sampling's pass-rate band (advantage-weighted SFT loss)"),
+)
+
+
+def starts_from(stage: str) -> str:
+    """The stage whose checkpoint `stage` loads ("base": the model the run begins with)."""
+    found = [s.starts_from for s in STAGE_GRAPH if s.name == stage]
+    if not found:
+        raise KeyError(f"no training stage {stage!r} in the recipe (one of {', '.join(s.name for s in STAGE_GRAPH)})")
+    return found[0]
 
 
 @dataclass(frozen=True)

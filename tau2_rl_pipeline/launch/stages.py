@@ -18,7 +18,7 @@ import re
 import time
 
 from tau2_rl_pipeline.launch.cluster import Placement, place, plan_lines
-from tau2_rl_pipeline.launch.common import Common
+from tau2_rl_pipeline.launch.common import Common, start_hint
 from tau2_rl_pipeline.launch.plan import StagePlan
 from tau2_rl_pipeline.launch.recipe import POLICY_LOSS, SLIME_SFT, spelled
 from tau2_rl_pipeline.launch.settings import SECRET_NAME, Refused
@@ -266,10 +266,10 @@ def sft(c: Common, plan: StagePlan, rft: bool = False) -> None:
     args = c.model_args
     short = c.value("MODEL_SHORT")
     if rft:
-        data, init, save = paths.rft_data, r.get("RFT_INIT_DIR", c.base_torch_dist), paths.rft_ckpt
+        data, init, save = paths.rft_data, r.get("RFT_INIT_DIR", c.start_of("rft")), paths.rft_ckpt
         group = r.get("RFT_WANDB_GROUP", f"rft-{short}")
     else:
-        data, init = r.get("SFT_DATA", paths.seed_data), r.get("SFT_INIT_DIR", c.base_torch_dist)
+        data, init = r.get("SFT_DATA", paths.seed_data), r.get("SFT_INIT_DIR", c.start_of("sft"))
         save, group = r.get("SFT_SAVE_DIR", paths.sft_ckpt), r.get("SFT_WANDB_GROUP", f"sft-{short}")
     d = SLIME_SFT
     epochs, batch = r.uint("SFT_EPOCHS", d.epochs), r.uint("SFT_BATCH_SIZE", c.value("SFT_BATCH_SIZE"))
@@ -284,7 +284,7 @@ def sft(c: Common, plan: StagePlan, rft: bool = False) -> None:
     if batch % dp:
         raise Refused(f"SFT_BATCH_SIZE={batch} is not a multiple of the data-parallel size {dp}")
     need_file(c, data, "SFT data (scripts/download.sh, or generate_rft.sh for RFT)")
-    need_dir(c, init, "initial torch_dist checkpoint (scripts/convert_hf_to_megatron.sh)")
+    need_dir(c, init, start_hint("rft" if rft else "sft"))
     need_file(c, f"{c.base_hf}/config.json", "base model (scripts/download.sh)")
     need_dir(c, paths.slime, "slime (SLIME_DIR)")
     sizing(c, plan, "sft", train_layout(c, p, max_tokens))

@@ -10,10 +10,12 @@ from pathlib import Path
 
 from rich.console import Console
 
+from tau2_rl_pipeline.launch.recipe import STAGE_GRAPH
+
 STAGES = ("base", "sft", "rft", "grpo")
 ALGORITHMS = ("grpo", "awsft")  # the policy stage's loss: PPO-clip, or advantage-weighted SFT
-# (baseline, candidate): each stage against the one it starts from
-COMPARISONS = (("base", "sft"), ("sft", "rft"), *(("rft", algorithm) for algorithm in ALGORITHMS))
+# (baseline, candidate): each stage against the one it starts from (the recipe's stage graph)
+COMPARISONS = tuple((stage.starts_from, stage.name) for stage in STAGE_GRAPH)
 
 
 def stage_numbers(summary: dict, domain: str) -> dict:

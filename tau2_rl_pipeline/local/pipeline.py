@@ -52,7 +52,7 @@ from tau2_rl_pipeline.config import (
     config_from_args,
 )
 from tau2_rl_pipeline.files import atomic_write_bytes
-from tau2_rl_pipeline.launch.recipe import POLICY_LOSS
+from tau2_rl_pipeline.launch.recipe import POLICY_LOSS, starts_from
 from tau2_rl_pipeline.local.demo_report import (
     ALGORITHMS,
     grpo_summary,
@@ -261,23 +261,26 @@ def _algorithms(text: str) -> tuple[str, ...]:
 
 def stage_settings(args, cfg: Tau2Config, split: str, eval_split: str) -> dict[str, dict]:
     """For each stage and each evaluation, the settings its output depends on, those of earlier stages included.
-    Each policy stage (--algorithm) starts from the RFT checkpoint, so GRPO's settings are AWSFT's but its name."""
+    Each policy stage (--algorithm) starts from the RFT checkpoint (the recipe's stage graph), so GRPO's settings are
+    AWSFT's but its name."""
     config = asdict(cfg)
     episodes = {name: value for name, value in config.items() if name not in NOT_OUTCOME | POLICY_ONLY}
     episodes.update(max_new_tokens=args.max_new_tokens)
     base = {"domain": args.domain, "model": args.model, "tokenizer": args.tokenizer, "hidden_size": args.hidden_size,
             "num_layers": args.num_layers, "vocab_size": args.vocab_size, "seed": args.seed}
-    sft = {**base, "train_split": split, "sft_epochs": args.sft_epochs, "sft_lr": args.sft_lr,
-           "micro_batch_size": args.micro_batch_size}
-    rft = {**sft, **episodes, "rft_samples": args.rft_samples, "rft_temperature": args.rft_temperature,
-           "rft_epochs": args.rft_epochs, "rft_lr": args.rft_lr}
-    policy = {**rft, **{name: config[name] for name in sorted(POLICY_ONLY)},
+    own = {"sft": {"train_split": split, "sft_epochs": args.sft_epochs, "sft_lr": args.sft_lr,
+                   "micro_batch_size": args.micro_batch_size},
+           "rft": {**episodes, "rft_samples": args.rft_samples, "rft_temperature": args.rft_temperature,
+                   "rft_epochs": args.rft_epochs, "rft_lr": args.rft_lr}}
+    policy = {**{name: config[name] for name in sorted(POLICY_ONLY)},
               "grpo_steps": args.grpo_steps, "grpo_tasks_per_step": args.grpo_tasks_per_step,
               "grpo_n": args.grpo_n, "grpo_lr": args.grpo_lr, "grpo_temperature": args.grpo_temperature,
               "kl_coef": args.kl_coef, "entropy_coef": args.entropy_coef}
     evaluation = {**episodes, "eval_split": eval_split, "eval_samples": args.eval_samples,
                   "eval_temperature": args.eval_temperature}
-    made = {"base": base, "sft": sft, "rft": rft, **{algorithm: policy for algorithm in args.algorithm}}
+    made = {"base": base}
+    for stage in ("sft", "rft", *args.algorithm):  # each stage's settings on top of those of the stage it starts from
+        made[stage] = {**made[starts_from(stage)], **own.get(stage, policy)}
     return {**made, **{f"eval {stage}": {**settings, **evaluation} for stage, settings in made.items()}}
 
 
@@ -325,7 +328,8 @@ def run_stages(args, cfg: Tau2Config, split: str, eval_split: str, benchmark: di
     def sft_work() -> dict:
         console.rule("SFT on oracle demonstrations")
         demos = oracle_demonstrations(args.domain, split)
-        return {**sft_stage(args, base, demos, checkpoints["sft"], out, args.sft_lr, args.sft_epochs),
+        return {**sft_stage(args, checkpoints[starts_from("sft")], demos, checkpoints["sft"], out, args.sft_lr,
+                            args.sft_epochs),
                 "demonstrations": len(demos)}
 
     report["sft"] = stage("sft", [checkpoints["sft"]], sft_work, [resume_dir(checkpoints["sft"])])
@@ -333,10 +337,10 @@ def run_stages(args, cfg: Tau2Config, split: str, eval_split: str, benchmark: di
 
     def rft_work() -> dict:
         console.rule("RFT: sample, keep successes, fine-tune")
-        rows, stats = rft_stage(args, checkpoints["sft"], out, split)
+        start = checkpoints[starts_from("rft")]  # the policy that samples RFT's data is the one RFT starts from
+        rows, stats = rft_stage(args, start, out, split)
         merged = rows + oracle_demonstrations(args.domain, split)  # RFT data merged with the seed (the oracle's)
-        return {**stats, **sft_stage(args, checkpoints["sft"], merged, checkpoints["rft"], out, args.rft_lr,
-                                     args.rft_epochs)}
+        return {**stats, **sft_stage(args, start, merged, checkpoints["rft"], out, args.rft_lr, args.rft_epochs)}
 
     report["rft"] = stage("rft", [checkpoints["rft"]], rft_work,
                           [*eval_files(out, "rft_samples"), resume_dir(checkpoints["rft"])])
@@ -354,10 +358,11 @@ def run_stages(args, cfg: Tau2Config, split: str, eval_split: str, benchmark: di
                 kl_coef=args.kl_coef, entropy_coef=args.entropy_coef, micro_batch_size=args.micro_batch_size,
                 seed=args.seed, device=args.device, wandb_project=args.wandb_project, algorithm=algorithm,
                 task_ids=tuple(task_ids), baselines=tuple(sorted(baselines.items()))),
-                checkpoints["rft"], checkpoints[algorithm], out / algorithm, cfg, out / "metrics.jsonl", say)
+                checkpoints[starts_from(algorithm)], checkpoints[algorithm], out / algorithm, cfg, out / "metrics.jsonl",
+                say)
         return {**grpo_summary(history), "grpo_tasks": asdict(band)}
 
-    for algorithm in args.algorithm:  # each from the RFT checkpoint, reported side by side
+    for algorithm in args.algorithm:  # each from its start in the recipe (RFT's checkpoint), reported side by side
         report[algorithm] = stage(algorithm, [checkpoints[algorithm]], partial(policy_work, algorithm),
                                   [out / algorithm])
         report["stages"][algorithm] = evaluated(algorithm)

@@ -102,8 +102,8 @@ RECIPES: dict[str, Recipe] = {r.name: r for r in (
         "GRPO_ROLLOUT_BATCH_SIZE": "64", "GRPO_N_SAMPLES": "16", "GRPO_GLOBAL_BATCH_SIZE": "1024",
         "GRPO_NUM_ROLLOUT": "60", "GRPO_LR": "1e-6", "TAU2_MAX_TURNS": "40", "GRPO_SAVE_INTERVAL": "10",
     }, differs=[
-        "rejection sampling is this cookbook's RFT stage (SFT from the base model on the seed data plus the SFT "
-        "model's successful episodes, scripts/generate_rft.sh), not necessarily the published sampler",
+        "rejection sampling is this cookbook's RFT stage (SFT continued from the SFT checkpoint on the seed data plus "
+        "the SFT model's successful episodes, scripts/generate_rft.sh), not necessarily the published sampler",
         "the user simulator is the local Qwen3-4B-Instruct-2507 (TAU2_USER_MODEL), whatever the published run used",
         "the reward shaping, KL loss, clipping and entropy bonus are this cookbook's GRPO defaults (GRPO_KL_LOSS_COEF, "
         "GRPO_EPS_CLIP, GRPO_ENTROPY_COEF, ...): the published values beyond lr, batch, turns and steps are not "
