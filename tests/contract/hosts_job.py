@@ -147,6 +147,15 @@ def progress(event: str, **fields) -> None:
             f.write(json.dumps({"event": event, "time": time.time(), **fields}) + "\n")
 
 
+def hold(rollout_id: int, first: int) -> None:
+    """From a run's third rollout on, wait while the file $HOSTS_JOB_HOLD exists: a fault test's run stays mid-run (as
+    a real one, hundreds of rollouts long, would) until its fault has hit and been acted on, instead of ending first."""
+    where = os.environ.get("HOSTS_JOB_HOLD")
+    deadline = time.monotonic() + WAIT_S
+    while where and rollout_id >= first + 2 and os.path.exists(where) and time.monotonic() < deadline:
+        time.sleep(0.5)
+
+
 def engines_and_rollouts(args, pgs, records: Path, rollouts: int | None, train: bool = False) -> dict:
     import ray
     from slime.ray.rollout import RolloutManager
@@ -170,6 +179,8 @@ def engines_and_rollouts(args, pgs, records: Path, rollouts: int | None, train: 
         out["start_rollout_id"] = first
         last = args.num_rollout if rollouts is None else first + rollouts
         for rollout_id in range(first, last):
+            if train:
+                hold(rollout_id, first)
             if args.use_fault_tolerance and rollout_id > first:  # slime's actor.update_weights, before the weights go
                 ray.get(manager.recover_updatable_engines.remote(), timeout=WAIT_S)
                 engines = ray.get(manager.get_updatable_engines_and_lock.remote(), timeout=WAIT_S)[0]

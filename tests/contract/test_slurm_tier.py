@@ -93,6 +93,8 @@ def requeued(tmp_path_factory: pytest.TempPathFactory, tiny_small_dir: Path) -> 
     try:
         login = cluster.hosts[0]
         progress = shared / "progress.jsonl"
+        hold = shared / "hold"  # each faulted run waits at its third rollout until its fault has been acted on
+        hold.touch()
         env = stage_env(shared, cluster, "2", 1)
         for name in ("HOSTFILE", "MASTER_ADDR", "SLIME_HOST_IP", "RAY_SSH"):
             env.pop(name)
@@ -123,6 +125,11 @@ def requeued(tmp_path_factory: pytest.TempPathFactory, tiny_small_dir: Path) -> 
             return ((job_out.read_text()[-3000:] if job_out.exists() else "") +
                     (output.read_text()[-3000:] if output.exists() else str(cluster.job(job_id))))
 
+        def first_rollout_of_run(run: int) -> dict | None:
+            evs = events(progress)
+            starts = [i for i, e in enumerate(evs) if e["event"] == "job"]
+            return next((e for e in evs[starts[run]:] if e["event"] == "rollout"), None) if len(starts) > run else None
+
         record["faults"] = []
         for restart, (fault, inject) in enumerate(FAULTS):
             # once the run is in its second rollout (its first one checkpointed), the fault hits the worker
@@ -142,14 +149,14 @@ def requeued(tmp_path_factory: pytest.TempPathFactory, tiny_small_dir: Path) -> 
                     job = cluster.job(job_id)
                     if job.get("Restarts") == str(restart + 1) and job.get("JobState") == "RUNNING":
                         at["running_again_at"] = time.time()
-                return any(e["event"] == "rollout" and e["time"] > at["fault_at"] for e in events(progress))
+                return "running_again_at" in at and bool(first_rollout_of_run(restart + 1))
             assert wait(restarted_and_training, RUN_LIMIT_S), why()
-            at["training_again_at"] = next(e["time"] for e in events(progress)
-                                           if e["event"] == "rollout" and e["time"] > at["fault_at"])
+            at["training_again_at"] = first_rollout_of_run(restart + 1)["time"]
             at["again_on"] = cluster.job(job_id).get("NodeList")
             if fault == "link cut":
                 cluster.set_link(worker, up=True)  # the node comes back later (ReturnToService=2); Slurm cleans it
             record["faults"].append(at)
+        hold.unlink()  # the last run trains its rollouts and ends
         record["final"] = wait(over, RUN_LIMIT_S, 2)
         record["output"] = output.read_text()
         record["events"] = events(progress)
