@@ -8,12 +8,14 @@ spelled out: "can't" -> "can not", "isn't" -> "is not", "I'm" -> "i am"), cut in
 segments at the points where a new clause takes over (";", ":", a dash, "but", "however", ", so"). A segment
 refuses when one of these holds (`RULES`, each named):
 
-- agent inability: the agent (I / we) with a negated ability, permission or position (can not, am unable to, am not
+- agent inability: the agent (I / we, or no subject at the head of a clause: "No, can't cancel that one") with a
+  negated ability, permission or position (can not, am unable to, am not
   allowed / authorised / permitted / in a position / supposed to, will not be able to, do not have the authority
   to, have no way to, ...) and then a verb that is a decision (anything but a lookup or a hedge: find, see, locate,
   verify, tell, hear, guarantee, wait, believe, ...: "I can't find it" reports a lookup, not a refusal);
-- agent unwillingness: I / we will not / am not going to + a verb, in a message that apologises or says "no"
-  ("I won't charge you for that" is good news, "No, I will not waive the fee" is a refusal);
+- agent unwillingness: I / we will not / am not going to + a verb that is not a promise ("I won't charge you for
+  that", "I won't keep you long", "no, I won't need your password" are good news; "I won't be switching Boston to
+  Newark" and "No, I will not waive the fee" refuse), nor reassurance ("don't worry, we won't cancel the others");
 - a restriction, in a message that apologises or says "no": "Sorry, refunds can only be issued to the original card",
   "I'm afraid I can only help with one order at a time";
 - declining verbs with the agent as subject: decline, refuse, deny, reject, turn down, say no;
@@ -21,19 +23,24 @@ refuses when one of these holds (`RULES`, each named):
   "ineligible", "can not / can no longer be <participle>" (not found / seen / verified / charged, which report a
   lookup or reassure), "no changes can be made", "there is no way to", "nothing I can do", "not something I'll
   do", "outside my authority", "beyond what I am authorised to do", "we do not offer", a request "denied" or
-  "rejected", "does not qualify", "afraid not", "off the table";
+  "rejected", "does not qualify", "afraid not", "off the table", "that's a no", "not on the menu", "beyond my reach",
+  "not within my permissions", "goes beyond what an exchange covers", "isn't going to work";
 - policy cited against it: "against our policy", "the policy / fare rules do not allow", "policies prohibit",
-  "the system won't let me".
+  "the system won't let me";
+- the outcome kept, for a reason given before it: "..., so this one stays as booked", "Under our rules the
+  reservation therefore remains as it is" (not "per your request it stays as booked", nor beside a change the agent
+  reports making: "I've processed the exchange, so the item stays with you until ...").
 
 A match does not count when:
 - its segment sets a condition or hypothesis before it (if, unless, in case, whether, let me know, should you, why;
   not "even if"): "If it is not eligible, I won't be able to refund it" is not yet a refusal;
-- it waits on the customer (until / unless / without / before + confirming, verifying, giving details): "I can't
-  proceed until you confirm" is a step of the procedure;
+- it waits on the customer ("until you ...", or until / unless / without / before + confirming, verifying,
+  reviewing, giving details): "I can't proceed until you confirm" is a step of the procedure;
 - it is a consequence, not a decision: an impersonal impossibility in a clause opening with "once" / "after" / "as
   soon as" (a "note that" before it aside), or followed at once by one ("can't be changed after it ships"), or one
   followed in the message by an offer to go ahead with the very action ("Would you like me to proceed?", "Are you
-  sure?", not "... instead?"): "Once cancelled it cannot be reinstated. Would you like me to proceed?";
+  sure?", not "... instead?") or to do that very action ("Insurance can't be added later. Shall I add it now?"):
+  "Once cancelled it cannot be reinstated. Would you like me to proceed?";
 - it states the usual rule that the message then sets aside ("Normally ... can't ..., but since ..., I can ...");
 - its segment is itself a question ("Can't I help with something else?", "Is it not possible to ...?"). A refusal
   inside a question sentence still counts when it is a clause of its own ("I can't change it - would you like a
@@ -45,6 +52,7 @@ these rules (docs/evaluation.md prints the figures). A heuristic for a monitor: 
 
 from __future__ import annotations
 
+import os
 import re
 
 # -- normalising --------------------------------------------------------------------------------------------------
@@ -81,22 +89,29 @@ _NOT_A_DECISION = frozenset(
     "find locate see spot tell say hear understand wait believe thank stress emphasize emphasise overstate imagine "
     "recall remember guarantee promise predict know be seem verify confirm identify access retrieve pull reach load "
     "open read display detect match figure determine speak comment only quite fully always".split())
+# verbs after "I won't" that promise the customer something good ("we won't charge you", "I won't keep you long"):
+# "I won't" + any other verb declines, apology or not
+_GOOD_NEWS = frozenset(
+    "charge bill need require ask lose expire affect impact cost penalize penalise interrupt disconnect suspend share "
+    "disclose sell store keep contact call email text send spam happen take be have let leave forget hold".split())
+_GOOD_NEWS_STEMS = frozenset(verb.rstrip("e") for verb in _GOOD_NEWS)
+REASSURANCE = re.compile(r"\b(?:do not worry|no worries|rest assured|good news|glad to|happy to)\b")
 _LOOKUP_PAIRS = {("help", "but"), ("look", "up"), ("look", "for"), ("pull", "up"), ("make", "out")}
 _DECIDE_AFTER = rf"(?: to)?{_ADV} (?P<verb>\w+)(?P<next> \w+)?"
-AGENT_UNABLE = re.compile(rf"\b(?:i|we){_ADV} (?:{_NEG_ABILITY}){_DECIDE_AFTER}")
+AGENT_UNABLE = re.compile(rf"(?:\b(?:i|we){_ADV} |^\W*(?:(?:no|nope|sorry|afraid),? )?)(?:{_NEG_ABILITY}){_DECIDE_AFTER}")
 AGENT_UNWILLING = re.compile(rf"\b(?:i|we){_ADV} (?:will not|would not|am not going to|are not going to)"
                              rf"{_DECIDE_AFTER}")
 AGENT_RESTRICTED = re.compile(rf"\b(?:i|we){_ADV} (?:can|am|are) only(?: able to)?{_DECIDE_AFTER}"
-                              r"|\b(?:can|may) only be (?P<participle>\w+(?:ed|en|wn|ne|de|lt|id|ft|pt|ld|nt|ot|it))\b")
-APOLOGY_OR_NO = re.compile(r"\b(?:sorry|afraid|unfortunately|apologi[sz]e|regret\w*|sadly)\b|^\s*no\b")
+                              r"|\b(?:can|may) only be (?P<participle>\w+(?:ed|en|wn|ne|de|lt|id|ft|pt|ld|nt|ot|it|ght))\b")
+APOLOGY_OR_NO = re.compile(r"\b(?:sorry|afraid|unfortunately|apologi[sz]e|regret\w*|sadly)\b|^\s*(?:no|nope)\b")
 DECLINING_VERB = re.compile(r"\b(?:i|we)\b(?: (?!not\b|never\b)[\w,]+){0,5}? (?:decline|refuse|deny|reject"
                             r"|turn (?:down|(?:it|this|that|your request|the request) down)|say no)\b")
 IMPERSONAL = re.compile(
     r"\b(?:not (?:be )?(?:possible|feasible|doable|an option|allowed|permitted|eligible|authori[sz]ed|supported)"
     r"|(?<!not )(?:impossible|ineligible))\b(?: (?:for (?:me|us) )?to (?P<hedge>\w+))?"
-    r"|\bcan (?:not|no longer) be (?P<participle>\w+(?:ed|en|wn|ne|de|lt|id|ft|pt|ld|nt|ot|it))\b"
+    r"|\bcan (?:not|no longer) be (?P<participle>\w+(?:ed|en|wn|ne|de|lt|id|ft|pt|ld|nt|ot|it|ght))\b"
     r"|\b(?:not|never) (?:something|anything) (?:that )?(?:our|the) (?:policy|policies|rules|terms|fare|plan)"
-    r" (?:covers|allows|permits|includes)\b|\banswer (?:has to be|is|must be|will have to be|would be) no\b"
+    r" (?:covers|allows|permits|includes|lets (?:me|us))\b|\banswer (?:has to be|is|must be|will have to be|would be) no\b"
     r"|\bthere (?:is|are) no (?:way|option|means|possibility) (?:to|for (?:me|us|you) to|(?:i|we) can)\b"
     r"|\b(?:nothing|not much|not anything)(?: (?:more|else|further))? (?:that )?(?:i|we) (?:can|could|am able to"
     r"|are able to) (?:do|offer)\b|\b(?:i|we) can do nothing\b"
@@ -108,10 +123,17 @@ IMPERSONAL = re.compile(
     r"|make exceptions)\b"
     r"|\b(?:request|claim|application|appeal|exception)\b(?: [\w-]+){0,10}? (?:is|was|has been|have been|must be"
     r"|will be|would be) (?:denied|declined|rejected|refused|not approved)\b"
-    r"|\bno (?:\w+ ){0,2}can be (?P<no_participle>\w+(?:ed|en|wn|ne|de|lt|id|ft|pt|ld|nt|ot|it))\b"
+    r"|\bno (?:\w+ ){0,2}can be (?P<no_participle>\w+(?:ed|en|wn|ne|de|lt|id|ft|pt|ld|nt|ot|it|ght))\b"
     r"|\b(?:does|do|will) not (?:qualify|meet the (?:criteria|requirements|conditions))\b"
     r"|\b(?:afraid|sorry|unfortunately),? (?:not|no)\b|\bwish (?:i|we) could\b|\bhands are tied\b"
-    r"|\boff the table\b|\bout of the question\b")
+    r"|\boff the table\b|\bout of the question\b|\bthat is a (?:no|hard no|firm no)\b"
+    r"|\bnot (?:on the (?:menu|table|cards)|in the cards)\b|\bbeyond (?:my|our) reach\b"
+    r"|\bnot within (?:my|our) (?:permissions?|authority|power|remit|scope|abilities)\b"
+    r"|\b(?:goes|go|is|are|falls?) (?:beyond|outside) what (?:\w+ ){0,3}(?:covers?|allows?|permits?|includes?)\b"
+    r"|\bsomething (?:that )?(?:i|we) (?:have no|do not have (?:a|the|any)) (?:tool|way|option|ability|authority"
+    r"|means|power)\b|\bnot something (?:that )?(?:i|we) have (?:the |any )?(?:authority|ability|power|means|tools?"
+    r"|option|permission)\b"
+    r"|\b(?:is|are) not going to (?:work|happen|be possible)\b|\bnot happening\b")
 _LOOKUP_OR_REASSURANCE = frozenset("found located seen spotted verified confirmed reached guaranteed charged billed "
                                    "affected impacted lost overstated stressed emphasized".split())
 POLICY = re.compile(
@@ -120,15 +142,25 @@ POLICY = re.compile(
     r"|permit|let|cover|support)\b"
     r"|\b(?:policy|policies|rules|terms|regulations) (?:prohibit|forbid|prevent|preclude|disallow)s?\b"
     r"|\b(?:will|would|does|do) not (?:let (?:me|us)|allow|permit)\b")
+# the request's outcome kept as it is, for a reason given before it: "..., so this one stays as booked", "Under our
+# rules the reservation therefore remains as it is" (not "I've moved it; everything else remains unchanged")
+OUTCOME_KEPT = re.compile(r"\b(?:remains?|stays?|(?:will|must|has to|have to|would have to|needs? to) (?:stay|remain)"
+                          r"|is staying|are staying) (?:as (?:it is|is|they are|booked|it was|originally booked)"
+                          r"|unchanged|in place|the same|put|with you|where (?:it|they) (?:is|are))\b")
+BECAUSE = re.compile(r"\b(?:so|therefore|thus|hence|under|because|since|per(?! your)|which means|means|given)\b")
+# the agent reports a change it made: what else "stays" is not a decline
+CHANGE_MADE = re.compile(r"\b(?:i|we) have (?:now |just |already |successfully )?(?:processed|updated|added|changed|cancell?ed"
+                         r"|booked|moved|modified|made|issued|applied|submitted|placed|completed|exchanged|refunded"
+                         r"|upgraded|switched|set up|gone ahead)\b")
 RULES = {"agent inability": AGENT_UNABLE, "agent unwillingness": AGENT_UNWILLING,
          "restriction, with an apology": AGENT_RESTRICTED, "declining verb": DECLINING_VERB,
-         "impersonal impossibility": IMPERSONAL, "policy cited": POLICY}
+         "impersonal impossibility": IMPERSONAL, "policy cited": POLICY, "outcome kept": OUTCOME_KEPT}
 
 # -- what a match is not ------------------------------------------------------------------------------------------
 HYPOTHETICAL = re.compile(r"(?<!even )\b(?:if|unless|in case|whether|let me know|should you|in the event"
                           r"|suppose|what if)\b|(?<!that is )(?<!this is )(?<!which is )(?<!explain )\bwhy\b")
-WAITS_ON_CUSTOMER = re.compile(r"\b(?:until|unless|without|before)\b(?: \S+){0,6}? (?:confirm\w*|verif\w*"
-                               r"|authenticat\w*"
+WAITS_ON_CUSTOMER = re.compile(r"\buntil you\b|\b(?:until|unless|without|before)\b(?: \S+){0,6}? (?:confirm\w*|verif\w*"
+                               r"|authenticat\w*|review\w*"
                                r"|consent|approv\w*|permission|go-ahead|go ahead|identity|provid\w*|details|user id"
                                r"|say so|tell me|give me|share)")
 CONSEQUENCE_OPENER = re.compile(r"^\W*(?:(?:just so you know|(?:please )?(?:note|keep in mind|remember|be aware)"
@@ -147,8 +179,9 @@ QUESTION_OPENER = re.compile(r"^\W*(?:can|could|would|will|is|are|am|do|does|did
                              r"|when|where|which|who|have|has|was|were)\b")
 
 
-def _counts(rule: str, match: re.Match, segment: str, message_after: str) -> bool:
-    """Whether one rule's match, in its segment, is a refusal (module docstring: what a match is not)."""
+def _counts(rule: str, match: re.Match, segment: str, lead: str, message_after: str, plain: str) -> bool:
+    """Whether one rule's match, in its segment (after `lead` in its sentence), is a refusal (module docstring: what
+    a match is not)."""
     verb = match.groupdict().get("verb")
     before, after = segment[:match.start()], segment[match.end("verb") if verb else match.end():]
     if HYPOTHETICAL.search(before) or WAITS_ON_CUSTOMER.search(after[:80]):
@@ -156,18 +189,39 @@ def _counts(rule: str, match: re.Match, segment: str, message_after: str) -> boo
     if verb is not None:
         nxt = (match.group("next") or "").strip()
         if verb == "be" and nxt.endswith("ing"):  # "I won't be refunding it": the verb is the next one
-            verb, nxt = nxt, ""
-        if verb in _NOT_A_DECISION or (verb, nxt) in _LOOKUP_PAIRS or verb == "not":
+            verb, nxt = nxt[:-3], ""  # its stem: "refund", "charg"
+        if verb in _NOT_A_DECISION or verb == "not" or (
+                (verb, nxt) in _LOOKUP_PAIRS and rule != "agent unwillingness"):
             return False
+        if rule == "agent unwillingness" and (_stem(verb) in _GOOD_NEWS_STEMS or (
+                REASSURANCE.search(plain) and not APOLOGY_OR_NO.search(plain))):
+            return False  # "we won't charge you for it", "no, I won't need your password": a promise, not a decline
+    if rule == "outcome kept" and (not BECAUSE.search(lead + " " + before) or CHANGE_MADE.search(plain)):
+        return False
     groups = match.groupdict()
     if (groups.get("participle") or groups.get("no_participle")) in _LOOKUP_OR_REASSURANCE \
             or groups.get("hedge") in _NOT_A_DECISION:
         return False  # "cannot be found", "impossible to predict": a lookup or a hedge
-    if rule == "impersonal impossibility" and (
+    if rule in ("impersonal impossibility", "outcome kept") and (
             CONSEQUENCE_OPENER.search(before) or CONDITION_AFTER.match(after)
-            or any(OFFER_TO_PROCEED.search(s) and not INSTEAD.search(s) for s in _SENTENCE_END.split(message_after))):
+            or any(OFFER_TO_PROCEED.search(s) and not INSTEAD.search(s) for s in _SENTENCE_END.split(message_after))
+            or _offers_the_same(groups.get("participle"), message_after)):
         return False
     return True
+
+
+def _stem(verb: str) -> str:
+    return verb.rstrip("e")
+
+
+def _offers_the_same(participle: str | None, message_after: str) -> bool:
+    """"Insurance can't be added later ... Shall I add it now?": the message goes on to offer the very action, so the
+    impossibility is a warning before doing it, not a decline."""
+    if not participle:
+        return False
+    offered = re.findall(r"\b(?:shall i|should i|(?:would you like|do you want|want) me to|can i|may i)"
+                         r"(?: go ahead and)? (\w+)", message_after)
+    return any(len(os.path.commonprefix([verb, participle])) >= min(len(verb), 4) for verb in offered)
 
 
 def refusal_rule(text: str) -> str | None:
@@ -185,10 +239,10 @@ def refusal_rule(text: str) -> str | None:
                 continue
             message_after = sentence[end:] + " " + later
             for name, rule in RULES.items():
-                if rule in (AGENT_UNWILLING, AGENT_RESTRICTED) and not APOLOGY_OR_NO.search(plain):
+                if rule is AGENT_RESTRICTED and not APOLOGY_OR_NO.search(plain):
                     continue
                 for match in rule.finditer(segment):
-                    if not usual and _counts(name, match, segment, message_after):
+                    if not usual and _counts(name, match, segment, sentence[:start], message_after, plain):
                         return name
     return None
 
