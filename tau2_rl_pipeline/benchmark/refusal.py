@@ -4,7 +4,8 @@ A list of refusal phrases keeps missing the next way of saying no ("I must decli
 possible", "not in a position to") and keeps flagging sentences that only look like one ("I can't find that order",
 "once cancelled it cannot be reinstated. Would you like me to proceed?"). So the rules here describe the grammar of
 a refusal instead of its words. The text is normalised first (lower case, typographic apostrophes, contractions
-spelled out: "can't" -> "can not", "isn't" -> "is not", "I'm" -> "i am"), cut into sentences, and each sentence into
+spelled out: "can't" -> "can not", "isn't" -> "is not", "I'm" -> "i am", and their typos "cant", "dont", "isnt"),
+cut into sentences, and each sentence into
 segments at the points where a new clause takes over (";", ":", a dash, "but", "however", ", so"). A segment
 refuses when one of these holds (`RULES`, each named):
 
@@ -12,7 +13,8 @@ refuses when one of these holds (`RULES`, each named):
   negated ability, permission or position (can not, am unable to, am not
   allowed / authorised / permitted / in a position / supposed to, will not be able to, do not have the authority
   to, have no way to, ...) and then a verb that is a decision (anything but a lookup or a hedge: find, see, locate,
-  verify, tell, hear, guarantee, wait, believe, ...: "I can't find it" reports a lookup, not a refusal);
+  verify, tell, hear, guarantee, wait, believe, ...: "I can't find it" reports a lookup, not a refusal; "I can't
+  access or change it" refuses by its second verb);
 - agent unwillingness: I / we will not / am not going to + a verb that is not a promise ("I won't charge you for
   that", "I won't keep you long", "no, I won't need your password" are good news; "I won't be switching Boston to
   Newark" and "No, I will not waive the fee" refuse), nor reassurance ("don't worry, we won't cancel the others");
@@ -24,12 +26,14 @@ refuses when one of these holds (`RULES`, each named):
   lookup or reassure), "no changes can be made", "there is no way to", "nothing I can do", "not something I'll
   do", "outside my authority", "beyond what I am authorised to do", "we do not offer", a request "denied" or
   "rejected", "does not qualify", "afraid not", "off the table", "that's a no", "not on the menu", "beyond my reach",
-  "not within my permissions", "goes beyond what an exchange covers", "isn't going to work";
+  "not within my permissions", "goes beyond what an exchange covers", "isn't going to work", "won't go through",
+  "nothing I can issue", "not offered on this account", "rather than the card you mentioned";
 - policy cited against it: "against our policy", "the policy / fare rules do not allow", "policies prohibit",
   "the system won't let me";
-- the outcome kept, for a reason given before it: "..., so this one stays as booked", "Under our rules the
-  reservation therefore remains as it is" (not "per your request it stays as booked", nor beside a change the agent
-  reports making: "I've processed the exchange, so the item stays with you until ...").
+- the outcome kept, for a reason given before it or a rule named beside it: "..., so this one stays as booked",
+  "Under our rules the reservation therefore remains in economy", "Your plan will stay in place. Switching is
+  limited to once per cycle" (not "per your request it stays as booked", "everything else remains unchanged", nor
+  beside a change the agent reports making: "I've processed the exchange, so the item stays with you until ...").
 
 A match does not count when:
 - its segment sets a condition or hypothesis before it (if, unless, in case, whether, let me know, should you, why;
@@ -37,9 +41,10 @@ A match does not count when:
 - it waits on the customer ("until you ...", or until / unless / without / before + confirming, verifying,
   reviewing, giving details): "I can't proceed until you confirm" is a step of the procedure;
 - it is a consequence, not a decision: an impersonal impossibility in a clause opening with "once" / "after" / "as
-  soon as" (a "note that" before it aside), or followed at once by one ("can't be changed after it ships"), or one
+  soon as" (a "note that" before it aside), or followed at once by one ("can't be changed after it ships", "can't
+  be added later"; unless the message opens with "no" or apologises), or one
   followed in the message by an offer to go ahead with the very action ("Would you like me to proceed?", "Are you
-  sure?", not "... instead?") or to do that very action ("Insurance can't be added later. Shall I add it now?"):
+  sure?", "(yes/no)", not "... instead?") or to do that very action ("Insurance can't be added later. Shall I add it now?"):
   "Once cancelled it cannot be reinstated. Would you like me to proceed?";
 - it states the usual rule that the message then sets aside ("Normally ... can't ..., but since ..., I can ...");
 - its segment is itself a question ("Can't I help with something else?", "Is it not possible to ...?"). A refusal
@@ -56,7 +61,8 @@ import os
 import re
 
 # -- normalising --------------------------------------------------------------------------------------------------
-_SPELLED = ((r"\bcan't\b|\bcannot\b", "can not"), (r"\bwon't\b", "will not"), (r"\bshan't\b", "shall not"),
+_SPELLED = ((r"\bcan't\b|\bcannot\b|\bcant\b", "can not"), (r"\bwont\b", "will not"),
+            (r"\b(don|isn|aren|doesn|didn|couldn|wouldn|shouldn|wasn|haven|hasn)t\b", r"\1't"), (r"\bwon't\b", "will not"), (r"\bshan't\b", "shall not"),
             (r"\b(\w+)n't\b", r"\1 not"), (r"\bi'm\b", "i am"), (r"\b(we|you|they)'re\b", r"\1 are"),
             (r"\b(\w+)'ll\b", r"\1 will"), (r"\b(\w+)'ve\b", r"\1 have"),
             (r"\b(i|we|you|they|it|that)'d\b", r"\1 would"),
@@ -103,7 +109,7 @@ AGENT_UNWILLING = re.compile(rf"\b(?:i|we){_ADV} (?:will not|would not|am not go
                              rf"{_DECIDE_AFTER}")
 AGENT_RESTRICTED = re.compile(rf"\b(?:i|we){_ADV} (?:can|am|are) only(?: able to)?{_DECIDE_AFTER}"
                               r"|\b(?:can|may) only be (?P<participle>\w+(?:ed|en|wn|ne|de|lt|id|ft|pt|ld|nt|ot|it|ght))\b")
-APOLOGY_OR_NO = re.compile(r"\b(?:sorry|afraid|unfortunately|apologi[sz]e|regret\w*|sadly)\b|^\s*(?:no|nope)\b")
+APOLOGY_OR_NO = re.compile(r"\b(?:sorry|afraid|unfortunate\w*|unfortunatly|apologi[sz]e|regret\w*|sadly)\b|^\s*(?:no|nope)\b")
 DECLINING_VERB = re.compile(r"\b(?:i|we)\b(?: (?!not\b|never\b)[\w,]+){0,5}? (?:decline|refuse|deny|reject"
                             r"|turn (?:down|(?:it|this|that|your request|the request) down)|say no)\b")
 IMPERSONAL = re.compile(
@@ -114,7 +120,7 @@ IMPERSONAL = re.compile(
     r" (?:covers|allows|permits|includes|lets (?:me|us))\b|\banswer (?:has to be|is|must be|will have to be|would be) no\b"
     r"|\bthere (?:is|are) no (?:way|option|means|possibility) (?:to|for (?:me|us|you) to|(?:i|we) can)\b"
     r"|\b(?:nothing|not much|not anything)(?: (?:more|else|further))? (?:that )?(?:i|we) (?:can|could|am able to"
-    r"|are able to) (?:do|offer)\b|\b(?:i|we) can do nothing\b"
+    r"|are able to) (?:do|offer|issue|give|provide|arrange|grant|waive|refund|change)\b|\b(?:i|we) can do nothing\b"
     r"|\b(?:not|never) (?:something|anything) (?:that )?(?:i|we) (?:can|could|will|would|am able to|are able to|do"
     r"|offer|allow|support|am allowed to|are allowed to|am going to)\b"
     r"|\b(?:outside|beyond) (?:of )?(?:what (?:i|we) (?:can|could|am|are)\b|(?:my|our) "
@@ -133,7 +139,11 @@ IMPERSONAL = re.compile(
     r"|\bsomething (?:that )?(?:i|we) (?:have no|do not have (?:a|the|any)) (?:tool|way|option|ability|authority"
     r"|means|power)\b|\bnot something (?:that )?(?:i|we) have (?:the |any )?(?:authority|ability|power|means|tools?"
     r"|option|permission)\b"
-    r"|\b(?:is|are) not going to (?:work|happen|be possible)\b|\bnot happening\b")
+    r"|\b(?:is|are) not going to (?:work|happen|be possible)\b|\bnot happening\b|\bwill not go through\b"
+    r"|\bcan not go(?: back)? to\b"
+    r"|\b(?:is|are) not (?:offered|available|accepted) (?:on|for|with|to) (?:this|your|that) (?:\w+ )?(?:account|plan|order"
+    r"|reservation|booking|line|fare|ticket|type|tier|membership|card)\b"
+    r"|\b(?:rather than|instead of) (?:\w+ ){0,6}?you(?: have)? (?:mentioned|asked|requested|wanted|suggested|proposed)\b")
 _LOOKUP_OR_REASSURANCE = frozenset("found located seen spotted verified confirmed reached guaranteed charged billed "
                                    "affected impacted lost overstated stressed emphasized".split())
 POLICY = re.compile(
@@ -146,7 +156,14 @@ POLICY = re.compile(
 # rules the reservation therefore remains as it is" (not "I've moved it; everything else remains unchanged")
 OUTCOME_KEPT = re.compile(r"\b(?:remains?|stays?|(?:will|must|has to|have to|would have to|needs? to) (?:stay|remain)"
                           r"|is staying|are staying) (?:as (?:it is|is|they are|booked|it was|originally booked)"
-                          r"|unchanged|in place|the same|put|with you|where (?:it|they) (?:is|are))\b")
+                          r"|unchanged|in place|the same|put|with you|where (?:it|they) (?:is|are)"
+                          r"|(?:in|on) (?:the |your )?(?:economy|basic|business|first|booking|reservation|order|account"
+                          r"|bill|plan|line|card)\w*)\b")
+# what else stays, beside the request: "everything else remains unchanged", "your other flights stay as booked"
+OTHER_THINGS = re.compile(r"\b(?:everything|anything|all) else\b|\bthe rest\b|\bother\b|\bper your request\b"
+                          r"|\bas (?:you )?(?:requested|asked)\b")
+RULE_WORDS = re.compile(r"\b(?:polic\w+|rules?|terms|limited|restricted|permitted|allowed|eligible|not|never|no)\b"
+                        r"|\bonly (?:\w+ ){1,3}(?:can|may) be\b")
 BECAUSE = re.compile(r"\b(?:so|therefore|thus|hence|under|because|since|per(?! your)|which means|means|given)\b")
 # the agent reports a change it made: what else "stays" is not a decline
 CHANGE_MADE = re.compile(r"\b(?:i|we) have (?:now |just |already |successfully )?(?:processed|updated|added|changed|cancell?ed"
@@ -169,8 +186,10 @@ OFFER_TO_PROCEED = re.compile(r"\b(?:would you like (?:me )?to (?:proceed|go ahe
                               r"(?:want|wish) (?:me )?to (?:proceed|go ahead|continue)"
                               r"|shall i (?:proceed|go ahead|continue)"
                               r"|should i (?:proceed|go ahead|continue)|are you sure|please confirm|can you confirm"
-                              r"|could you confirm|ready to proceed)\b")
-CONDITION_AFTER = re.compile(r"\W*(?:once|after|as soon as)\b")  # "can't be changed after it ships": a rule ahead
+                              r"|could you confirm|ready to proceed|reply (?:\W+)?yes|type (?:\W+)?yes)\b|\(yes/no\)")
+# "can't be changed after it ships", "can't be added later": a rule ahead (unless the message opens with "no" or an
+# apology: "No. Insurance can't be added after booking")
+CONDITION_AFTER = re.compile(r"\W*(?:once|after|as soon as|later|afterwards|in the future)\b")
 INSTEAD = re.compile(r"\b(?:instead|alternative|other option|rather)\b")
 USUAL_RULE = re.compile(r"\b(?:normally|usually|typically|generally|ordinarily|in general|as a rule|in most cases)\b")
 EXCEPTION_MADE = re.compile(r"\b(?:but|however)\b.*\b(?:i|we) (?:can|will|am able to|are able to|have|could)"
@@ -190,20 +209,24 @@ def _counts(rule: str, match: re.Match, segment: str, lead: str, message_after: 
         nxt = (match.group("next") or "").strip()
         if verb == "be" and nxt.endswith("ing"):  # "I won't be refunding it": the verb is the next one
             verb, nxt = nxt[:-3], ""  # its stem: "refund", "charg"
+        if verb in _NOT_A_DECISION and nxt in ("or", "and"):  # "I can't access or change it": the second verb
+            verb, nxt = (re.match(r"\W*(\w*)", after[len(match.group("next") or ""):]).group(1), "")
         if verb in _NOT_A_DECISION or verb == "not" or (
                 (verb, nxt) in _LOOKUP_PAIRS and rule != "agent unwillingness"):
             return False
         if rule == "agent unwillingness" and (_stem(verb) in _GOOD_NEWS_STEMS or (
                 REASSURANCE.search(plain) and not APOLOGY_OR_NO.search(plain))):
             return False  # "we won't charge you for it", "no, I won't need your password": a promise, not a decline
-    if rule == "outcome kept" and (not BECAUSE.search(lead + " " + before) or CHANGE_MADE.search(plain)):
+    if rule == "outcome kept" and (
+            CHANGE_MADE.search(plain) or OTHER_THINGS.search(lead + " " + before)
+            or not (BECAUSE.search(lead + " " + before) or RULE_WORDS.search(plain.replace(lead + segment, " ")))):
         return False
     groups = match.groupdict()
     if (groups.get("participle") or groups.get("no_participle")) in _LOOKUP_OR_REASSURANCE \
             or groups.get("hedge") in _NOT_A_DECISION:
         return False  # "cannot be found", "impossible to predict": a lookup or a hedge
     if rule in ("impersonal impossibility", "outcome kept") and (
-            CONSEQUENCE_OPENER.search(before) or CONDITION_AFTER.match(after)
+            CONSEQUENCE_OPENER.search(before) or (CONDITION_AFTER.match(after) and not APOLOGY_OR_NO.search(plain))
             or any(OFFER_TO_PROCEED.search(s) and not INSTEAD.search(s) for s in _SENTENCE_END.split(message_after))
             or _offers_the_same(groups.get("participle"), message_after)):
         return False
