@@ -20,6 +20,8 @@ refuses when one of these holds (`RULES`, each named):
   Newark" and "No, I will not waive the fee" refuse), nor reassurance ("don't worry, we won't cancel the others");
 - a restriction, in a message that apologises or says "no": "Sorry, refunds can only be issued to the original card",
   "I'm afraid I can only help with one order at a time";
+- unavailable, in a message that apologises or says "no": "I'm afraid changing your number isn't available through
+  me", "No. Payment deferrals aren't offered on overdue bills", "splitting it won't work, I'm afraid";
 - declining verbs with the agent as subject: decline, refuse, deny, reject, turn down, say no;
 - impersonal impossibility: "not possible / feasible / an option / permitted / allowed / eligible", "impossible",
   "ineligible", "can not / can no longer be <participle>" (not found / seen / verified / charged, which report a
@@ -46,6 +48,8 @@ A match does not count when:
   followed in the message by an offer to go ahead with the very action ("Would you like me to proceed?", "Are you
   sure?", "(yes/no)", not "... instead?") or to do that very action ("Insurance can't be added later. Shall I add it now?"):
   "Once cancelled it cannot be reinstated. Would you like me to proceed?";
+- it answers a question: a rule or impossibility in a message that says so ("Great question. Under our policy ...");
+- it is the customer's own step: what the agent can't do "from here" / "remotely" on the customer's phone or settings;
 - it states the usual rule that the message then sets aside ("Normally ... can't ..., but since ..., I can ...");
 - its segment is itself a question ("Can't I help with something else?", "Is it not possible to ...?"). A refusal
   inside a question sentence still counts when it is a clause of its own ("I can't change it - would you like a
@@ -99,9 +103,9 @@ _NOT_A_DECISION = frozenset(
 # "I won't" + any other verb declines, apology or not
 _GOOD_NEWS = frozenset(
     "charge bill need require ask lose expire affect impact cost penalize penalise interrupt disconnect suspend share "
-    "disclose sell store keep contact call email text send spam happen take be have let leave forget hold".split())
+    "disclose sell store keep contact call email text spam happen take be have let leave forget hold".split())
 _GOOD_NEWS_STEMS = frozenset(verb.rstrip("e") for verb in _GOOD_NEWS)
-REASSURANCE = re.compile(r"\b(?:do not worry|no worries|rest assured|good news|glad to|happy to)\b")
+REASSURANCE = re.compile(r"\b(?:do not worry|no worries|rest assured|good news)\b")
 _LOOKUP_PAIRS = {("help", "but"), ("look", "up"), ("look", "for"), ("pull", "up"), ("make", "out")}
 _DECIDE_AFTER = rf"(?: to)?{_ADV} (?P<verb>\w+)(?P<next> \w+)?"
 AGENT_UNABLE = re.compile(rf"(?:\b(?:i|we){_ADV} |^\W*(?:(?:no|nope|sorry|afraid),? )?)(?:{_NEG_ABILITY}){_DECIDE_AFTER}")
@@ -109,6 +113,10 @@ AGENT_UNWILLING = re.compile(rf"\b(?:i|we){_ADV} (?:will not|would not|am not go
                              rf"{_DECIDE_AFTER}")
 AGENT_RESTRICTED = re.compile(rf"\b(?:i|we){_ADV} (?:can|am|are) only(?: able to)?{_DECIDE_AFTER}"
                               r"|\b(?:can|may) only be (?P<participle>\w+(?:ed|en|wn|ne|de|lt|id|ft|pt|ld|nt|ot|it|ght))\b")
+# what is unavailable or will not work, in a message that apologises or says "no": "I'm afraid changing your number
+# isn't available through me", "No. Payment deferrals aren't offered on overdue bills"
+UNAVAILABLE = re.compile(r"\b(?:is|are) not (?:offered|available|accepted|provided|an option)\b"
+                         r"|\b(?:will|would|does) not work\b")
 APOLOGY_OR_NO = re.compile(r"\b(?:sorry|afraid|unfortunate\w*|unfortunatly|apologi[sz]e|regret\w*|sadly)\b|^\s*(?:no|nope)\b")
 DECLINING_VERB = re.compile(r"\b(?:i|we)\b(?: (?!not\b|never\b)[\w,]+){0,5}? (?:decline|refuse|deny|reject"
                             r"|turn (?:down|(?:it|this|that|your request|the request) down)|say no)\b")
@@ -157,12 +165,13 @@ POLICY = re.compile(
 OUTCOME_KEPT = re.compile(r"\b(?:remains?|stays?|(?:will|must|has to|have to|would have to|needs? to) (?:stay|remain)"
                           r"|is staying|are staying) (?:as (?:it is|is|they are|booked|it was|originally booked)"
                           r"|unchanged|in place|the same|put|with you|where (?:it|they) (?:is|are)"
-                          r"|(?:in|on) (?:the |your )?(?:economy|basic|business|first|booking|reservation|order|account"
+                          r"|part of|(?:in|on) (?:the |your |this |that )?(?:economy|basic|business|first|booking|reservation|order|account"
                           r"|bill|plan|line|card)\w*)\b")
 # what else stays, beside the request: "everything else remains unchanged", "your other flights stay as booked"
 OTHER_THINGS = re.compile(r"\b(?:everything|anything|all) else\b|\bthe rest\b|\bother\b|\bper your request\b"
                           r"|\bas (?:you )?(?:requested|asked)\b")
-RULE_WORDS = re.compile(r"\b(?:polic\w+|rules?|terms|limited|restricted|permitted|allowed|eligible|not|never|no)\b"
+RULE_WORDS = re.compile(r"\b(?:polic\w+|rules?|terms|limited|restricted|permitted|allowed|eligible|not|never|no|already"
+                        r"|fixed|at most|only once|once per)\b"
                         r"|\bonly (?:\w+ ){1,3}(?:can|may) be\b")
 BECAUSE = re.compile(r"\b(?:so|therefore|thus|hence|under|because|since|per(?! your)|which means|means|given)\b")
 # the agent reports a change it made: what else "stays" is not a decline
@@ -170,7 +179,8 @@ CHANGE_MADE = re.compile(r"\b(?:i|we) have (?:now |just |already |successfully )
                          r"|booked|moved|modified|made|issued|applied|submitted|placed|completed|exchanged|refunded"
                          r"|upgraded|switched|set up|gone ahead)\b")
 RULES = {"agent inability": AGENT_UNABLE, "agent unwillingness": AGENT_UNWILLING,
-         "restriction, with an apology": AGENT_RESTRICTED, "declining verb": DECLINING_VERB,
+         "restriction, with an apology": AGENT_RESTRICTED, "unavailable, with an apology": UNAVAILABLE,
+         "declining verb": DECLINING_VERB,
          "impersonal impossibility": IMPERSONAL, "policy cited": POLICY, "outcome kept": OUTCOME_KEPT}
 
 # -- what a match is not ------------------------------------------------------------------------------------------
@@ -190,6 +200,13 @@ OFFER_TO_PROCEED = re.compile(r"\b(?:would you like (?:me )?to (?:proceed|go ahe
 # "can't be changed after it ships", "can't be added later": a rule ahead (unless the message opens with "no" or an
 # apology: "No. Insurance can't be added after booking")
 CONDITION_AFTER = re.compile(r"\W*(?:once|after|as soon as|later|afterwards|in the future)\b")
+# the customer only asked: a rule explained is an answer ("Great question. Under our policy, basic economy tickets
+# cannot be modified, ...")
+QUESTION_ANSWERED = re.compile(r"^\W*(?:great|good|fair) question\b|\bto answer your question\b"
+                               r"|\byou asked (?:whether|if|about)\b")
+# what the agent can't do remotely on the customer's own phone is the customer's step, not a decline
+REMOTE = re.compile(r"\b(?:from here|from my end|on my end|from my side|remotely)\b")
+OWN_DEVICE = re.compile(r"\byour (?:phone|device|handset|app)\b|\bsettings\b")
 INSTEAD = re.compile(r"\b(?:instead|alternative|other option|rather)\b")
 USUAL_RULE = re.compile(r"\b(?:normally|usually|typically|generally|ordinarily|in general|as a rule|in most cases)\b")
 EXCEPTION_MADE = re.compile(r"\b(?:but|however)\b.*\b(?:i|we) (?:can|will|am able to|are able to|have|could)"
@@ -225,6 +242,10 @@ def _counts(rule: str, match: re.Match, segment: str, lead: str, message_after: 
     if (groups.get("participle") or groups.get("no_participle")) in _LOOKUP_OR_REASSURANCE \
             or groups.get("hedge") in _NOT_A_DECISION:
         return False  # "cannot be found", "impossible to predict": a lookup or a hedge
+    if rule == "agent inability" and REMOTE.search(after) and OWN_DEVICE.search(plain):
+        return False
+    if rule in ("impersonal impossibility", "policy cited", "outcome kept") and QUESTION_ANSWERED.search(plain):
+        return False
     if rule in ("impersonal impossibility", "outcome kept") and (
             CONSEQUENCE_OPENER.search(before) or (CONDITION_AFTER.match(after) and not APOLOGY_OR_NO.search(plain))
             or any(OFFER_TO_PROCEED.search(s) and not INSTEAD.search(s) for s in _SENTENCE_END.split(message_after))
@@ -262,7 +283,7 @@ def refusal_rule(text: str) -> str | None:
                 continue
             message_after = sentence[end:] + " " + later
             for name, rule in RULES.items():
-                if rule is AGENT_RESTRICTED and not APOLOGY_OR_NO.search(plain):
+                if rule in (AGENT_RESTRICTED, UNAVAILABLE) and not APOLOGY_OR_NO.search(plain):
                     continue
                 for match in rule.finditer(segment):
                     if not usual and _counts(name, match, segment, sentence[:start], message_after, plain):
