@@ -31,6 +31,7 @@ def test_the_wheel_installs_only_tau2_rl_pipeline(tmp_path):
     top = {n.split("/")[0] for n in names if not n.split("/")[0].endswith((".dist-info", ".data"))}
     assert top == {"tau2_rl_pipeline"}, top
     assert "tau2_rl_pipeline/eval/eval_passk.py" in names
+    assert "tau2_rl_pipeline/benchmark/refusal_model.json" in names  # the detector's learned half, package data
     assert rigs_in(names) == [], rigs_in(names)  # the rigs live in tests/support, out of the product
     entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
     scripts = zipfile.ZipFile(wheel).read(entry_points).decode()

@@ -7,6 +7,7 @@ docs/evaluation.md prints the counts."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 from pathlib import Path
@@ -16,6 +17,10 @@ import pytest
 from tau2_rl_pipeline.benchmark.refusal import is_refusal, refusal_rule
 
 DATA = Path(__file__).parent / "data"
+_spec = importlib.util.spec_from_file_location("train_refusal_model",
+                                               Path(__file__).parents[1] / "scripts" / "train_refusal_model.py")
+train_refusal_model = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(train_refusal_model)
 # the floors a change to the patterns must keep (docs/evaluation.md: the measured values)
 FLOORS = {"refusals.jsonl": (0.95, 0.95), "refusals_heldout.jsonl": (0.95, 0.95)}
 
@@ -27,22 +32,32 @@ PHRASE_LIST = re.compile(
     r"|not (?:allowed|permitted))"
     r" (?:to )?(?:help|assist|do that|process|proceed|fulfil+|complete|make|change|modify|cancel|book|provide)"
     r"|\bagainst (?:our|the) polic", re.IGNORECASE)
-# (true positives, false positives, false negatives): the counts docs/evaluation.md prints
-# The outside corpus's rules figure is the one AFTER it was read (three rule families widened, "without" no longer
-# a condition: 40, 0, 6): not blind; the blind one is BLIND_FLOORS below.
+# (true positives, false positives, false negatives): the counts docs/evaluation.md prints, of the detector as shipped
+# (the rules, then the learned model) and of the phrase list alone. Every corpus but the blind ones below was trained
+# or tuned on, so these pin behaviour; they do not measure it.
 MEASURED = {("refusals.jsonl", "rules"): (30, 0, 0), ("refusals.jsonl", "phrase list"): (10, 2, 20),
             ("refusals_heldout.jsonl", "rules"): (10, 0, 0), ("refusals_heldout.jsonl", "phrase list"): (2, 1, 8),
-            ("refusals_outside.jsonl", "rules"): (40, 0, 6), ("refusals_outside.jsonl", "phrase list"): (6, 0, 40)}
+            ("refusals_outside.jsonl", "rules"): (46, 0, 0), ("refusals_outside.jsonl", "phrase list"): (6, 0, 40),
+            ("refusals_blind_b.jsonl", "rules"): (65, 0, 0), ("refusals_blind_c.jsonl", "rules"): (60, 0, 0),
+            ("refusals_blind_d.jsonl", "rules"): (63, 0, 2), ("refusals_blind_e.jsonl", "rules"): (63, 0, 2)}
 
 
-# tests/data/refusals_outside.jsonl (91 messages: 46 refusals, 45 hard negatives; tests/data/refusals_outside.md says
-# how) was written and labelled BLIND: by a separate helper that never read the detector, its tests or the corpora
-# above, while the rules were being written. The rules were frozen at commit 4db9c79 before anyone here opened the
-# file, and measured on it once: 35 true positives, 1 false positive, 11 misses, precision 35/36 = 0.97, recall
-# 35/46 = 0.76 (under the 0.8 recall aimed at). Those blind figures are the floors below; whatever was changed after
-# reading the file cannot count as blind (docs/evaluation.md keeps the two apart).
-BLIND = "refusals_outside.jsonl"
-BLIND_FLOORS = (35 / 36, 35 / 46)
+# Each corpus below was written and labelled BLIND, by a separate writer that never read the detector, its tests or
+# the other corpora (tests/data/<corpus>.md says how), and measured ONCE with the detector frozen at the commit named,
+# before anyone here opened it: (commit, true positives, false positives, misses). Only that first figure is blind;
+# the detector was then widened on the corpus's misses (and the learned model trained on it), so each later figure on
+# it is not. The blind figures stay as floors.
+BLIND = {"refusals_outside.jsonl": ("4db9c79", 35, 1, 11), "refusals_blind_b.jsonl": ("d25e47b", 47, 1, 18),
+         "refusals_blind_c.jsonl": ("8f4fe06", 45, 2, 15), "refusals_blind_d.jsonl": ("ccdf6dd", 53, 2, 12),
+         "refusals_blind_e.jsonl": ("80aa004", 46, 0, 19)}
+# Each writer's corpus held out, the model trained on the others (scripts/train_refusal_model.py --folds): the model
+# alone, and the shipped combination (the rules, tuned on every corpus but E at the time, then the model).
+FOLDS = {"written against the rules": {"model": (39, 0, 1), "rules or model": (40, 0, 0)},
+         "outside": {"model": (42, 0, 4), "rules or model": (46, 0, 0)},
+         "B": {"model": (62, 0, 3), "rules or model": (65, 0, 0)},
+         "C": {"model": (57, 3, 3), "rules or model": (59, 2, 1)},
+         "D": {"model": (61, 1, 4), "rules or model": (63, 0, 2)},
+         "E": {"model": (55, 1, 10), "rules or model": (62, 0, 3)}}
 
 
 def corpus(name: str) -> list[dict]:
@@ -69,11 +84,30 @@ def test_precision_and_recall_floors_on_the_labelled_corpus(name: str) -> None:
     assert precision >= FLOORS[name][0] and recall >= FLOORS[name][1]
 
 
-def test_the_blind_corpus_keeps_the_figures_measured_once_before_it_was_read() -> None:
-    rows = corpus(BLIND)
-    assert (len(rows), sum(r["refusal"] for r in rows)) == (91, 46)
+@pytest.mark.parametrize("name", sorted(BLIND))
+def test_each_blind_corpus_keeps_the_figures_measured_once_before_it_was_read(name: str) -> None:
+    rows = corpus(name)
+    _, tp, fp, fn = BLIND[name]
+    assert sum(r["refusal"] for r in rows) == tp + fn
     precision, recall = precision_recall(rows)
-    assert precision >= BLIND_FLOORS[0] and recall >= BLIND_FLOORS[1], (precision, recall)
+    assert precision >= tp / (tp + fp) and recall >= tp / (tp + fn), (precision, recall)
+
+
+def test_each_writer_held_out_gives_the_figures_the_docs_print() -> None:
+    folds = train_refusal_model.folds()
+    assert {writer: {k: tuple(v) for k, v in got.items()} for writer, got in folds.items()} == FOLDS
+
+
+def test_the_shipped_model_is_the_one_the_corpora_make() -> None:
+    assert train_refusal_model.main(["--check"]) == 0  # else: python scripts/train_refusal_model.py
+
+
+def test_the_learned_model_does_not_overrule_a_clause_the_rules_set_aside() -> None:
+    from tau2_rl_pipeline.benchmark.refusal_model import shipped
+
+    text = "If it is not eligible, I won't be able to refund it."
+    assert shipped().probability(text) >= 0.6  # the model alone would call it a refusal
+    assert refusal_rule(text) is None
 
 
 @pytest.mark.parametrize("text,refused", [

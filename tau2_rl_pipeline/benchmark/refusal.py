@@ -63,6 +63,10 @@ from __future__ import annotations
 
 import os
 import re
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tau2_rl_pipeline.benchmark.refusal_model import Model
 
 # -- normalising --------------------------------------------------------------------------------------------------
 _SPELLED = ((r"\bcan't\b|\bcannot\b|\bcant\b", "can not"), (r"\bwont\b", "will not"),
@@ -88,12 +92,13 @@ _SEGMENT_BREAK = re.compile(r";|:|\s[-\u2013\u2014]+\s|\u2014|\s--\s|,?\s\b(?:bu
 # -- the rules ----------------------------------------------------------------------------------------------------
 _ADV = r"(?: (?:really|simply|unfortunately|truly|just|also|still|currently|certainly|definitely|personally|actually"\
        r"|therefore|thus|now|sadly|honestly|possibly|afraid|then|even|at this time|at this point|right now),?){0,3}"
-_NEG_ABILITY = (r"can not|can no longer|could not possibly|must not|shall not|(?:am|are) (?:not able|unable|not allowed"
+_NEG_ABILITY = (r"can not|can no longer|could not possibly|must not|shall not|(?:am|are)(?: therefore| afraid| sorry)?"
+                r" (?:not able|unable|not allowed"
                 r"|not permitted|not authori[sz]ed|not in a position|not supposed|no longer able|not going to be able)"
                 r"|(?:am|are) unable|would (?:not be able|be unable)|will (?:not be able|be unable|not be allowed"
                 r"|not be permitted)|(?:do not|does not) have (?:the |any )?(?:ability|authority|authori[sz]ation"
-                r"|permission|power|option|means|capability|clearance|tools?)|have no (?:way|ability|authority|option"
-                r"|means|power)")
+                r"|permission|power|option|means|capability|clearance|tools?|that option)|(?:have|have got|got) no (?:way"
+                r"|ability|authority|option|means|power|grounds|basis)")
 # verbs after "I can't" that report a lookup or hedge, not a decision on the request
 _NOT_A_DECISION = frozenset(
     "find locate see spot tell say hear understand wait believe thank stress emphasize emphasise overstate imagine "
@@ -106,6 +111,7 @@ _GOOD_NEWS = frozenset(
     "disclose sell store keep contact call email text spam happen take be have let leave forget hold".split())
 _GOOD_NEWS_STEMS = frozenset(verb.rstrip("e") for verb in _GOOD_NEWS)
 REASSURANCE = re.compile(r"\b(?:do not worry|no worries|rest assured|good news)\b")
+NO_PROBLEM = re.compile(r"\b(?:not|never) (?:going to be |be )?(?:an? )?(?:issue|problem)\b|\bno problem\b")
 _LOOKUP_PAIRS = {("help", "but"), ("look", "up"), ("look", "for"), ("pull", "up"), ("make", "out")}
 _DECIDE_AFTER = rf"(?: to)?{_ADV} (?P<verb>\w+)(?P<next> \w+)?"
 AGENT_UNABLE = re.compile(rf"(?:\b(?:i|we){_ADV} |^\W*(?:(?:no|nope|sorry|afraid),? )?)(?:{_NEG_ABILITY}){_DECIDE_AFTER}")
@@ -129,8 +135,11 @@ IMPERSONAL = re.compile(
     r"|\bthere (?:is|are) no (?:way|option|means|possibility) (?:to|for (?:me|us|you) to|(?:i|we) can)\b"
     r"|\b(?:nothing|not much|not anything)(?: (?:more|else|further))? (?:that )?(?:i|we) (?:can|could|am able to"
     r"|are able to) (?:do|offer|issue|give|provide|arrange|grant|waive|refund|change)\b|\b(?:i|we) can do nothing\b"
-    r"|\b(?:not|never) (?:something|anything) (?:that )?(?:i|we) (?:can|could|will|would|am able to|are able to|do"
-    r"|offer|allow|support|am allowed to|are allowed to|am going to)\b"
+    r"|\b(?:not|never) (?:really )?(?:something|anything|one) (?:that )?(?:i|we) (?:can|could|will|would|am able to"
+    r"|are able to|do|offer|allow|support|am allowed to|are allowed to|am going to|am authori[sz]ed|are authori[sz]ed"
+    r"|am permitted|are permitted|am in a position)\b"
+    r"|\bno can do\b|\bno longer (?:possible|available|an option|allowed|permitted)\b"
+    r"|\bthere (?:is|are) no (?:\w+ ){1,2}(?:that )?(?:i|we) (?:can|could|am able to) (?:offer|give|issue|provide|apply)\b"
     r"|\b(?:outside|beyond) (?:of )?(?:what (?:i|we) (?:can|could|am|are)\b|(?:my|our) "
     r"(?:authority|scope|remit|abilities|ability|power|policy|policies))\b"
     r"|\bwe (?:do not|no longer|never) (?:offer|allow|permit|provide|issue|accept|support|do|give|grant|honou?r"
@@ -163,6 +172,7 @@ POLICY = re.compile(
 # the request's outcome kept as it is, for a reason given before it: "..., so this one stays as booked", "Under our
 # rules the reservation therefore remains as it is" (not "I've moved it; everything else remains unchanged")
 OUTCOME_KEPT = re.compile(r"\b(?:remains?|stays?|(?:will|must|has to|have to|would have to|needs? to) (?:stay|remain)"
+                          r"|(?:i|we) will (?:keep|leave) (?:\w+ ){1,4}?"
                           r"|is staying|are staying) (?:as (?:it is|is|they are|booked|it was|originally booked)"
                           r"|unchanged|in place|the same|put|with you|where (?:it|they) (?:is|are)"
                           r"|part of|(?:in|on) (?:the |your |this |that )?(?:economy|basic|business|first|booking|reservation|order|account"
@@ -178,6 +188,7 @@ BECAUSE = re.compile(r"\b(?:so|therefore|thus|hence|under|because|since|per(?! y
 CHANGE_MADE = re.compile(r"\b(?:i|we) have (?:now |just |already |successfully )?(?:processed|updated|added|changed|cancell?ed"
                          r"|booked|moved|modified|made|issued|applied|submitted|placed|completed|exchanged|refunded"
                          r"|upgraded|switched|set up|gone ahead)\b")
+LEARNED = "learned model"  # what refusal_rule names when no rule matched and refusal_model.py flagged the message
 RULES = {"agent inability": AGENT_UNABLE, "agent unwillingness": AGENT_UNWILLING,
          "restriction, with an apology": AGENT_RESTRICTED, "unavailable, with an apology": UNAVAILABLE,
          "declining verb": DECLINING_VERB,
@@ -234,10 +245,11 @@ def _counts(rule: str, match: re.Match, segment: str, lead: str, message_after: 
         if rule == "agent unwillingness" and (_stem(verb) in _GOOD_NEWS_STEMS or (
                 REASSURANCE.search(plain) and not APOLOGY_OR_NO.search(plain))):
             return False  # "we won't charge you for it", "no, I won't need your password": a promise, not a decline
-    if rule == "outcome kept" and (
-            CHANGE_MADE.search(plain) or OTHER_THINGS.search(lead + " " + before)
-            or not (BECAUSE.search(lead + " " + before) or RULE_WORDS.search(plain.replace(lead + segment, " ")))):
-        return False
+    if rule == "outcome kept":
+        rule_named = RULE_WORDS.search(plain.replace(lead + segment, " "))
+        if OTHER_THINGS.search(lead + " " + before) or (CHANGE_MADE.search(plain) and not rule_named) or not (
+                rule_named or BECAUSE.search(lead + " " + before)):
+            return False
     groups = match.groupdict()
     if (groups.get("participle") or groups.get("no_participle")) in _LOOKUP_OR_REASSURANCE \
             or groups.get("hedge") in _NOT_A_DECISION:
@@ -268,10 +280,28 @@ def _offers_the_same(participle: str | None, message_after: str) -> bool:
     return any(len(os.path.commonprefix([verb, participle])) >= min(len(verb), 4) for verb in offered)
 
 
-def refusal_rule(text: str) -> str | None:
+def refusal_rule(text: str, model: Model | None = None) -> str | None:
+    """The name of the first rule (RULES) by which some clause of `text` refuses; else LEARNED when the learned model
+    (refusal_model.py) says the message does and no rule's match in it was set aside (a condition, a lookup, a
+    consequence: the clause structure the model cannot see); else None. `model`: another than the shipped one (the
+    training script's held-out folds)."""
+    from tau2_rl_pipeline.benchmark.refusal_model import learned_refusal  # it reads `normalise` from here
+
+    rule, set_aside = rule_verdict(text)
+    vetoed = set_aside or NO_PROBLEM.search(normalise(text))  # "That isn't going to be a problem; I've added it"
+    return rule or (LEARNED if not vetoed and learned_refusal(text, model) else None)
+
+
+def rule_match(text: str) -> str | None:
     """The name of the first rule (RULES) by which some clause of `text` refuses, or None."""
+    return rule_verdict(text)[0]
+
+
+def rule_verdict(text: str) -> tuple[str | None, bool]:
+    """(the first rule by which some clause refuses, or None; whether some rule matched a clause and was set aside)."""
     plain = normalise(text)
     sentences = [s for s in _SENTENCE_END.split(plain) if s.strip()]
+    set_aside = False
     for i, sentence in enumerate(sentences):
         later = " ".join(sentences[i + 1:])
         question = sentence.rstrip().endswith("?")
@@ -287,10 +317,11 @@ def refusal_rule(text: str) -> str | None:
                     continue
                 for match in rule.finditer(segment):
                     if not usual and _counts(name, match, segment, sentence[:start], message_after, plain):
-                        return name
-    return None
+                        return name, set_aside
+                    set_aside = True
+    return None, set_aside
 
 
 def is_refusal(text: str) -> bool:
-    """Some clause of `text` declines a request (module docstring)."""
+    """Some clause of `text` declines a request by a rule, or the learned model says the message does."""
     return refusal_rule(text) is not None
