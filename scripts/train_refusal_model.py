@@ -5,8 +5,8 @@
     python scripts/train_refusal_model.py --folds    # each writer's corpus held out: the model trained on the others
 
 The corpora are the ones written blind by separate writers (tests/data/refusals_*.md say how each was made) and the
-two written against the rules. A corpus measured blind on the frozen detector (BLIND_ONLY) is never trained on: it
-stays a measurement. sklearn (a dependency of tau2) trains; the package's inference needs only the JSON.
+two written against the rules. refusals_blind_f.jsonl, measured blind on the frozen detector, is never trained on:
+it stays a measurement. sklearn (a dependency of tau2) trains; the package's inference needs only the JSON.
 """
 
 from __future__ import annotations

@@ -33,13 +33,14 @@ PHRASE_LIST = re.compile(
     r" (?:to )?(?:help|assist|do that|process|proceed|fulfil+|complete|make|change|modify|cancel|book|provide)"
     r"|\bagainst (?:our|the) polic", re.IGNORECASE)
 # (true positives, false positives, false negatives): the counts docs/evaluation.md prints, of the detector as shipped
-# (the rules, then the learned model) and of the phrase list alone. Every corpus but the blind ones below was trained
-# or tuned on, so these pin behaviour; they do not measure it.
+# (the rules, then the learned model) and of the phrase list alone. Every corpus but F was trained or tuned on, so the
+# others pin behaviour; they do not measure it.
 MEASURED = {("refusals.jsonl", "rules"): (30, 0, 0), ("refusals.jsonl", "phrase list"): (10, 2, 20),
             ("refusals_heldout.jsonl", "rules"): (10, 0, 0), ("refusals_heldout.jsonl", "phrase list"): (2, 1, 8),
             ("refusals_outside.jsonl", "rules"): (46, 0, 0), ("refusals_outside.jsonl", "phrase list"): (6, 0, 40),
             ("refusals_blind_b.jsonl", "rules"): (65, 0, 0), ("refusals_blind_c.jsonl", "rules"): (60, 0, 0),
-            ("refusals_blind_d.jsonl", "rules"): (63, 0, 2), ("refusals_blind_e.jsonl", "rules"): (63, 0, 2)}
+            ("refusals_blind_d.jsonl", "rules"): (63, 0, 2), ("refusals_blind_e.jsonl", "rules"): (63, 0, 2),
+            ("refusals_blind_f.jsonl", "rules"): (67, 3, 3)}
 
 
 # Each corpus below was written and labelled BLIND, by a separate writer that never read the detector, its tests or
@@ -49,7 +50,9 @@ MEASURED = {("refusals.jsonl", "rules"): (30, 0, 0), ("refusals.jsonl", "phrase 
 # it is not. The blind figures stay as floors.
 BLIND = {"refusals_outside.jsonl": ("4db9c79", 35, 1, 11), "refusals_blind_b.jsonl": ("d25e47b", 47, 1, 18),
          "refusals_blind_c.jsonl": ("8f4fe06", 45, 2, 15), "refusals_blind_d.jsonl": ("ccdf6dd", 53, 2, 12),
-         "refusals_blind_e.jsonl": ("80aa004", 46, 0, 19)}
+         "refusals_blind_e.jsonl": ("80aa004", 46, 0, 19),
+         # the detector as shipped (the rules and the learned model), F neither read nor trained on since
+         "refusals_blind_f.jsonl": ("5029c70", 67, 3, 3)}
 # Each writer's corpus held out, the model trained on the others (scripts/train_refusal_model.py --folds): the model
 # alone, and the shipped combination (the rules, tuned on every corpus but E at the time, then the model).
 FOLDS = {"written against the rules": {"model": (39, 0, 1), "rules or model": (40, 0, 0)},

@@ -1,4 +1,4 @@
-"""Does an agent message decline what the customer asked? A few rules over clause structure, pure, no model.
+"""Does an agent message decline what the customer asked? Rules over clause structure first, then a learned model.
 
 A list of refusal phrases keeps missing the next way of saying no ("I must decline", "I'm afraid that isn't
 possible", "not in a position to") and keeps flagging sentences that only look like one ("I can't find that order",
@@ -55,8 +55,11 @@ A match does not count when:
   inside a question sentence still counts when it is a clause of its own ("I can't change it - would you like a
   refund instead?", "Since a refund isn't possible, would you like a certificate?").
 
-Measured in tests/test_refusal.py on corpora written against it, and on one written blind by someone who had not read
-these rules (docs/evaluation.md prints the figures). A heuristic for a monitor: counted, never scored.
+When no rule matches, the learned model (refusal_model.py) decides, unless some rule's match in the message was set
+aside by the exceptions above (or the message says "no problem"): the model sees words, not a clause's structure.
+Each new writer's corpus showed the rules missing a quarter of its refusals; the model, trained on the others, found
+most of them (docs/evaluation.md: every corpus, how it was written, its blind figure; tests/test_refusal.py). A
+heuristic for a monitor: counted, never scored.
 """
 
 from __future__ import annotations

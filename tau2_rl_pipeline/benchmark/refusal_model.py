@@ -1,10 +1,11 @@
 """The refusal detector's learned half: a logistic regression over word uni- and bigrams, pure-Python inference.
 
 Rules over clause structure (refusal.py) miss each new writer's ways of saying no: on four corpora, each written
-blind by a different writer, they found 0.70 to 0.78 of the refusals before their misses were read. A linear model over
-tf-idf word uni- and bigrams, trained on the corpora of the other writers, found 0.85 to 0.95 of each writer's
-refusals at precision 0.95 or more (docs/evaluation.md, `python scripts/train_refusal_model.py --folds`), and the
-two together more than either. So a message counts as a refusal when a rule matches or this model's probability
+blind by a different writer, they found 0.71 to 0.82 of the refusals before their misses were read. A linear model over
+tf-idf word uni- and bigrams, trained on the corpora of the other writers, found 0.85 to 0.98 of each writer's
+refusals at precision 0.95 or more (`python scripts/train_refusal_model.py --folds`), and the two together more than
+either; frozen, the two found 0.96 of a further writer's refusals at precision 0.96 (docs/evaluation.md). So a
+message counts as a refusal when a rule matches or, unless a rule's match was set aside, this model's probability
 reaches THRESHOLD.
 
 The weights (refusal_model.json, shipped in the package) are made by `python scripts/train_refusal_model.py` from the
