@@ -182,8 +182,8 @@ def test_a_stop_asked_of_the_supervisor_stops_the_stage_and_restarts_nothing(tmp
     """SIGTERM to the supervisor while the stage runs: the stage gets it, its trap's last words still come through,
     and the supervisor ends with the stage's status, no restart."""
     stage = tmp_path / "stage"
-    stage.write_text("#!/bin/bash\ntrap 'echo \"stage: stopped cleanly\" >&2; exit 143' TERM\necho started >&2\n"
-                     "sleep 60 & wait\n")
+    stage.write_text("#!/bin/bash\ntrap 'kill $! 2>/dev/null; echo \"stage: stopped cleanly\" >&2; exit 143' TERM\n"
+                     "echo started >&2\nsleep 60 & wait\n")  # its trap stops its sleep: stderr closes at once
     stage.chmod(0o755)
     proc = subprocess.Popen(
         [sys.executable, "-m", "tau2_rl_pipeline.cluster.restarts", "--prog", "train_grpo.sh", "--max-restarts", "2",
