@@ -172,9 +172,9 @@ def test_sft_and_rft_train_on_every_node(tmp_path: Path, script: str) -> None:
     checked = check_job(result)
     assert checked["--token"][0].startswith(str(tmp_path / f"out/checkpoints/{saved}/"))
     data = "out/data/sft_seed_plus_rft.jsonl" if script == "train_rft.sh" else "out/data/sft_seed.jsonl"
-    assert (checked["--data"], checked["--checkpoint"], checked["--hf-model"]) == (
-        [str(tmp_path / data)], [str(tmp_path / "out/models/Qwen3-4B-Instruct-2507_torch_dist")],
-        [str(tmp_path / "out/models/Qwen3-4B-Instruct-2507")])
+    start = "out/checkpoints/sft" if script == "train_rft.sh" else "out/models/Qwen3-4B-Instruct-2507_torch_dist"
+    assert (checked["--data"], checked["--checkpoint"], checked["--hf-model"]) == (  # RFT starts from SFT's checkpoint
+        [str(tmp_path / data)], [str(tmp_path / start)], [str(tmp_path / "out/models/Qwen3-4B-Instruct-2507")])
 
 
 def test_joining_a_running_cluster_starts_and_stops_nothing(tmp_path: Path) -> None:
