@@ -13,6 +13,7 @@ the uninterrupted run's, with not one line about the counts being inexact.
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 
@@ -67,12 +68,19 @@ def run(args, asynchronous: bool, kill_after: int | None = None) -> int:
     return first
 
 
+@pytest.fixture
+def fresh_slime():
+    """No episodes here, so no user simulator: slime's and the adapter's process-wide state only, left clean."""
+    yield
+    reset_slime()
+
+
 def argv(save: Path, *how: str) -> tuple[str, ...]:
     return ("--save", str(save), "--save-interval", str(INTERVAL), "--num-rollout", str(ROLLOUTS), *how)
 
 
 @pytest.mark.parametrize("asynchronous,resumed_at", [(False, 4), (True, 2)])
-def test_a_killed_run_resumed_at_its_checkpoint_counts_as_one_never_stopped(slime_env, tiny_small_dir, tmp_path,
+def test_a_killed_run_resumed_at_its_checkpoint_counts_as_one_never_stopped(fresh_slime, tiny_small_dir, tmp_path,
                                                                            monkeypatch, caplog, asynchronous,
                                                                            resumed_at):
     rows = prompt_rows(tmp_path / "p.jsonl", TASKS)
@@ -87,6 +95,8 @@ def test_a_killed_run_resumed_at_its_checkpoint_counts_as_one_never_stopped(slim
                 assert run(fresh, asynchronous) == 0
             else:
                 assert run(fresh, asynchronous, kill_after=KILLED_AFTER) == 0
+                killed = json.loads((save / "curriculum_state.json").read_text())
+                assert killed["rollout"] == KILLED_AFTER  # the file holds rollouts the resumed run generates again
                 # the stage script's rerun: the run's own save as --load, slime's start from its tracker
                 assert (save / "latest_checkpointed_iteration.txt").read_text() == str(resumed_at - 1)
                 resume = slime_args(tiny_small_dir, rows, "127.0.0.1:1", extra=argv(save, "--load", str(save)))
