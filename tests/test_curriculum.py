@@ -1,5 +1,5 @@
-"""Curriculum tracker: weight transitions at the thresholds, learning-value sampling, and saved state that
-survives a killed process."""
+"""Curriculum tracker: weight transitions at the thresholds, learning-value sampling, saved state that survives a
+killed process, and the counts put back at a checkpoint's rollout on a resume."""
 
 from __future__ import annotations
 
@@ -317,7 +317,7 @@ def test_a_fresh_start_uses_no_counts_of_before(tmp_path):
     assert again.to_dict() == _run([0]).to_dict()
 
 
-def test_an_older_file_without_rollouts_loads_is_used_as_saved_and_says_so_once(tmp_path):
+def test_an_older_file_without_rollouts_loads_and_is_used_as_saved_said_once(tmp_path):
     path = tmp_path / STATE_FILE
     old = _tracker(**{"airline/1": [True, False]})
     old.count_groups(1, 0)

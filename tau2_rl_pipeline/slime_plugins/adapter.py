@@ -433,7 +433,9 @@ def _tracker(args, cfg: Tau2Config) -> tuple[CurriculumTracker, Any]:
 
 def reward_post_process(args, samples) -> tuple[list[float], list[float]]:
     """slime's custom reward post-process: (raw task rewards, group-normalized curriculum-weighted advantages), or,
-    when slime trains with our AWSFT loss, each sample's AWSFT weight in place of the advantage (learning/awsft.py)."""
+    when slime trains with our AWSFT loss, each sample's AWSFT weight in place of the advantage (learning/awsft.py).
+    slime calls it once per rollout, in RolloutManager.generate (synchronous, asynchronous and fully asynchronous
+    training alike): the episodes are counted as that rollout's, and the state file saved."""
     cfg = _config()
     cfg = replace(cfg, grpo_std_normalization=cfg.grpo_std_normalization
                   and getattr(args, "grpo_std_normalization", True))
