@@ -215,7 +215,8 @@ class Tau2Config:
         "advantage weight of a hard task (at most 5, as the solved one; above 1 it raises GRPO's advantages and "
         "AWSFT's successes, never an AWSFT failure's weight)", min_value=0.0, max_value=CURRICULUM_MAX_WEIGHT))
     curriculum_persist: bool = field(default=True, metadata=_meta(
-        "save the curriculum counts (atomic JSON) with each checkpoint and restore them on resume"))
+        "save the curriculum counts (atomic JSON) after every rollout and restore them on resume as they stood at "
+        "the checkpoint (slime: the rollouts after it, generated again, count once)"))
     curriculum_state_path: str = field(default="", metadata=_meta(
         "file for the curriculum counts; empty = curriculum_state.json in the checkpoint directory"))
     task_sampler: str = field(default="uniform", metadata=_meta(

@@ -1,5 +1,5 @@
-"""Curriculum tracker: weight transitions at the thresholds, learning-value sampling, and saved state that
-survives a killed process."""
+"""Curriculum tracker: weight transitions at the thresholds, learning-value sampling, saved state that survives a
+killed process, and the counts put back at a checkpoint's rollout on a resume."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tau2_rl_pipeline.config import Tau2Config
-from tau2_rl_pipeline.learning.curriculum import STATE_FILE, CurriculumTracker, state_path
+from tau2_rl_pipeline.learning.curriculum import STATE_FILE, CurriculumTracker, rollouts_kept, state_path
 
 CFG = Tau2Config()
 ROOT = Path(__file__).resolve().parents[1]
@@ -218,3 +218,137 @@ def test_use_curriculum_off_means_no_curriculum_but_counts_are_kept():
     assert tracker.sampling_weights(["solved", "half"]) == [1.0, 1.0]
     assert _tracker(on, **outcomes).sampling_weights(["solved", "half"]) == pytest.approx([11 / 144, 0.25])
     assert tracker.attempts["solved"] == 10 and tracker.success_rate("hard") == 0.0
+
+
+# ---------------------------------------------------------------------------------------------------
+# rollouts: a resumed run's counts are those of its checkpoint
+
+
+def _rollout(tracker: CurriculumTracker, rollout: int, keep: int = 6) -> str | None:
+    """What reward_post_process does for one rollout: its outcomes (fixed by the rollout id) on the counts as of
+    the rollout before."""
+    note = tracker.begin_rollout(rollout, keep)
+    _outcomes(tracker, rollout)
+    return note
+
+
+def _outcomes(tracker: CurriculumTracker, rollout: int) -> None:
+    for i in range(4):
+        tracker.record(f"airline/{(rollout + i) % 3}", (rollout * i) % 3 == 0)
+    tracker.count_groups(2, rollout % 2)
+
+
+def _reference(rollouts) -> tuple:
+    """The counts of these rollouts' outcomes, counted once each (no rollouts kept)."""
+    tracker = CurriculumTracker(CFG)
+    for r in rollouts:
+        _outcomes(tracker, r)
+    return _counts(tracker)
+
+
+def _run(rollouts, tracker: CurriculumTracker | None = None, keep: int = 6) -> CurriculumTracker:
+    tracker = tracker or CurriculumTracker(CFG)
+    for r in rollouts:
+        assert _rollout(tracker, r, keep) is None
+    return tracker
+
+
+def _counts(tracker: CurriculumTracker) -> tuple:
+    return tracker.attempts, tracker.successes, tracker.groups_seen, tracker.zero_signal_groups
+
+
+def test_each_rollouts_counts_are_kept_apart_up_to_keep_and_saved(tmp_path):
+    tracker = _run(range(9), keep=4)
+    assert tracker.rollout == 8 and [r.rollout for r in tracker.recent] == [5, 6, 7, 8]  # pruned to the newest 4
+    assert tracker.recent[-1].attempts == {"airline/2": 2, "airline/0": 1, "airline/1": 1}
+    assert sum(tracker.attempts.values()) == 36 and tracker.groups_seen == 18
+    path = tmp_path / STATE_FILE
+    tracker.save(path)
+    back = CurriculumTracker.load(path, CFG)
+    assert back.to_dict() == tracker.to_dict()
+    assert back.rollout == 8 and [_counts(r) for r in back.recent] == [_counts(r) for r in tracker.recent]
+
+
+@pytest.mark.parametrize("checkpoint", [-1, 3, 4, 6])
+def test_a_run_resumed_after_its_checkpoint_counts_as_one_never_stopped(tmp_path, checkpoint):
+    """Saved after rollout 6, resumed at checkpoint + 1 (-1: killed before its first checkpoint, restarted fresh):
+    the rollouts after the checkpoint are taken away and counted once when generated again."""
+    path = tmp_path / STATE_FILE
+    _run(range(7)).save(path)
+    resumed = CurriculumTracker.load(path, CFG)
+    fresh = "a fresh start (rollout 0): the 28 attempts counted before are not used"
+    assert _rollout(resumed, checkpoint + 1) == (fresh if checkpoint == -1 else None)
+    assert _counts(resumed) == _reference(range(checkpoint + 2))  # the checkpoint's counts, then its rollout
+    _run(range(checkpoint + 2, 10), resumed)
+    assert resumed.to_dict() == _run(range(10)).to_dict()
+
+
+def test_a_checkpoint_older_than_the_rollouts_kept_starts_from_nothing_and_says_so(tmp_path):
+    path = tmp_path / STATE_FILE
+    _run(range(9), keep=4).save(path)  # keeps rollouts 5..8
+    resumed = CurriculumTracker.load(path, CFG)
+    note = _rollout(resumed, 4)  # checkpoint 3: rollouts 4..8 would count twice
+    assert note == ("it keeps rollouts 5..8 apart, not all of 4..8, which this run generates again after its "
+                    "checkpoint at rollout 3: the counts start again from nothing rather than count those rollouts "
+                    "twice")
+    assert _counts(resumed) == _reference([4])
+    assert [r.rollout for r in resumed.recent] == [4]
+    ok = CurriculumTracker.load(path, CFG)  # checkpoint 4: exactly what rollouts 5..8 added is taken away
+    assert _rollout(ok, 5) is None and _counts(ok) == _reference(range(6))
+
+
+def test_a_file_behind_the_checkpoint_is_used_and_the_missing_rollouts_named(tmp_path):
+    path = tmp_path / STATE_FILE
+    _run(range(3)).save(path)
+    resumed = CurriculumTracker.load(path, CFG)
+    assert _rollout(resumed, 6) == ("its counts end at rollout 2 and this run goes on after rollout 5: rollouts 3..5 "
+                                    "are not in them")
+    assert _counts(resumed) == _reference([0, 1, 2, 6])
+    assert [r.rollout for r in resumed.recent] == [6]  # nothing before the gap to take away later
+    missing = CurriculumTracker.restore(CFG, tmp_path / "none.json")
+    assert _rollout(missing, 2) == "no counts were saved: rollouts 0..1 are not in them"
+
+
+def test_a_fresh_start_uses_no_counts_of_before(tmp_path):
+    path = tmp_path / STATE_FILE
+    _run(range(20), keep=4).save(path)  # a run killed before its first checkpoint, or an earlier run
+    again = CurriculumTracker.load(path, CFG)
+    assert _rollout(again, 0) == "a fresh start (rollout 0): the 80 attempts counted before are not used"
+    assert again.to_dict() == _run([0]).to_dict()
+
+
+def test_an_older_file_without_rollouts_loads_and_is_used_as_saved_said_once(tmp_path):
+    path = tmp_path / STATE_FILE
+    old = _tracker(**{"airline/1": [True, False]})
+    old.count_groups(1, 0)
+    state = old.to_dict()
+    for key in ("rollout", "recent"):
+        del state[key]
+    path.write_text(json.dumps({**state, "version": 1}))  # as version 1 wrote it
+    resumed = CurriculumTracker.load(path, CFG)
+    assert resumed.rollout is None and resumed.recent == [] and resumed.attempts == {"airline/1": 2}
+    assert _rollout(resumed, 5) == ("its counts are of no known rollout (a file written before rollouts were kept): "
+                                    "they are used as saved, so the rollouts after the checkpoint that it already "
+                                    "counted count twice")
+    assert resumed.attempts["airline/1"] == 2 + 1 and _rollout(resumed, 6) is None  # said once; kept from here on
+    assert [r.rollout for r in resumed.recent] == [5, 6]
+
+
+def test_no_rollout_id_counts_on_without_rollouts_kept():
+    tracker = _run(range(3))
+    assert tracker.begin_rollout(None, 6) is None
+    tracker.record("airline/9", True)
+    assert tracker.rollout is None and tracker.recent == [] and tracker.attempts["airline/9"] == 1
+
+
+def test_a_file_whose_rollouts_do_not_end_at_its_rollout_is_refused(tmp_path):
+    path = tmp_path / STATE_FILE
+    state = _run(range(4)).to_dict()
+    path.write_text(json.dumps({**state, "rollout": 7}))
+    with pytest.raises(ValueError, match=r"is unreadable: its rollouts \[0, 1, 2, 3\] are not the ones up to its "
+                                         r"rollout 7"):
+        CurriculumTracker.load(path, CFG)
+
+
+def test_the_rollouts_kept_cover_two_save_intervals_and_the_rollout_generated_ahead():
+    assert [rollouts_kept(i) for i in (None, 1, 2, 50)] == [4, 4, 6, 102]

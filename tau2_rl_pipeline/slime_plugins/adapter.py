@@ -31,7 +31,7 @@ from tau2_rl_pipeline.benchmark.tau2_version import BenchmarkMismatch, check_sam
 from tau2_rl_pipeline.benchmark.user_monitors import user_monitors
 from tau2_rl_pipeline.benchmark.users import make_user_factory
 from tau2_rl_pipeline.config import Tau2Config
-from tau2_rl_pipeline.learning.curriculum import CurriculumTracker, state_path
+from tau2_rl_pipeline.learning.curriculum import CurriculumTracker, rollouts_kept, state_path
 from tau2_rl_pipeline.learning.judge_reward import JudgeClient, judge_trajectory
 from tau2_rl_pipeline.learning.reward import format_penalty, partial_score, post_process, shaped_reward
 from tau2_rl_pipeline.rollout.abort_storm import AbortStormGuard
@@ -62,7 +62,7 @@ TASK_INDEX_REMEDY = "write the task index again with this tau2 (python -m tau2_r
 
 def _slime() -> SimpleNamespace:
     """What this module uses of slime 624b824 (imported when slime calls us, inside its own process)."""
-    from slime.rollout import fully_async_rollout
+    from slime.rollout import fully_async_rollout, sample_hooks
     from slime.rollout.base_types import RolloutFnTrainOutput
     from slime.rollout.sglang_rollout import GenerateState
     from slime.utils.async_utils import run
@@ -76,7 +76,10 @@ def _slime() -> SimpleNamespace:
                            fully_async_coroutine=fully_async_rollout._generate_rollout_async,
                            # its one worker (None before the first rollout): `running`, `worker_thread` and the
                            # `get_completed_groups` its rollout polls are what _stop_slime_worker reaches
-                           fully_async_worker=lambda: fully_async_rollout._global_worker)
+                           fully_async_worker=lambda: fully_async_rollout._global_worker,
+                           # the rollout RolloutManager.generate is making: it sets this before calling the rollout
+                           # function and then, in the same call, the reward post-process (None outside a generate)
+                           current_rollout_id=lambda: sample_hooks._current_rollout_id)
 
 
 @functools.cache
@@ -410,18 +413,29 @@ _trackers: dict[str, CurriculumTracker] = {}
 
 
 def _tracker(args, cfg: Tau2Config) -> tuple[CurriculumTracker, Any]:
-    """One tracker per run, restored from its state file next to the checkpoints on the first call."""
+    """One tracker per run, restored from its state file next to the checkpoints on the first call, set at the
+    rollout slime is making (CurriculumTracker.begin_rollout: a resumed run's counts are those of its checkpoint)."""
     path = state_path(cfg, getattr(args, "save", None))
     key = str(path)
+    rollout = _slime().current_rollout_id()
     with _tracker_lock:
         if key not in _trackers:
             _trackers[key] = CurriculumTracker.restore(cfg, path)
-        return _trackers[key], path
+        tracker = _trackers[key]
+        note = tracker.begin_rollout(rollout, rollouts_kept(getattr(args, "save_interval", None)))
+    if path is not None and note is not None:
+        logger.warning("curriculum state %s, rollout %s: %s", path, rollout, note)
+    if path is not None and rollout is None:
+        _log_once(f"curriculum state {path}: slime gave no rollout id (its RolloutManager.generate sets one), so "
+                  "the counts are kept without rollouts and a resumed run cannot take back what it generates again")
+    return tracker, path
 
 
 def reward_post_process(args, samples) -> tuple[list[float], list[float]]:
     """slime's custom reward post-process: (raw task rewards, group-normalized curriculum-weighted advantages), or,
-    when slime trains with our AWSFT loss, each sample's AWSFT weight in place of the advantage (learning/awsft.py)."""
+    when slime trains with our AWSFT loss, each sample's AWSFT weight in place of the advantage (learning/awsft.py).
+    slime calls it once per rollout, in RolloutManager.generate (synchronous, asynchronous and fully asynchronous
+    training alike): the episodes are counted as that rollout's, and the state file saved."""
     cfg = _config()
     cfg = replace(cfg, grpo_std_normalization=cfg.grpo_std_normalization
                   and getattr(args, "grpo_std_normalization", True))

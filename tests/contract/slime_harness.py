@@ -62,7 +62,7 @@ def prompt_rows(path: Path, task_ids: list[str], domain: str = "mock", split: st
 
 def reset_slime() -> None:
     """Fresh process-wide state of slime and of the adapter; slime's fully-async worker is stopped and waited for."""
-    from slime.rollout import fully_async_rollout, sglang_rollout
+    from slime.rollout import fully_async_rollout, sample_hooks, sglang_rollout
     from slime.utils import http_utils
 
     from tau2_rl_pipeline.slime_plugins import adapter as slime_adapter
@@ -73,6 +73,7 @@ def reset_slime() -> None:
         worker.worker_thread.join(60)
     sglang_rollout.GenerateState.clear_instances()
     http_utils._http_client = None
+    sample_hooks.set_current_rollout_id(None)  # a new RolloutManager process: no rollout generated yet
     for cached in (slime_adapter._config, slime_adapter._user_factory, slime_adapter._engine,
                    slime_adapter._storm_guard, slime_adapter._live_episodes, slime_adapter._settle_gc,
                    slime_adapter._admission_gate, slime_adapter._log_once):
@@ -148,10 +149,16 @@ def flat(groups) -> list:
     return out
 
 
-def train_data(args, samples: list) -> dict:
-    """slime's RolloutManager._convert_samples_to_train_data (reward post-process and every check it makes)."""
+def train_data(args, samples: list, rollout_id: int | None = None) -> dict:
+    """slime's RolloutManager._convert_samples_to_train_data (reward post-process and every check it makes); with
+    `rollout_id`, as RolloutManager.generate(rollout_id) calls it: after slime's set_current_rollout_id, its first
+    step (slime/ray/rollout.py)."""
     from slime.ray.rollout import RolloutManager
+    from slime.rollout.sample_hooks import set_current_rollout_id
     from slime.utils.misc import load_function
+
+    if rollout_id is not None:
+        set_current_rollout_id(rollout_id)
 
     cls = RolloutManager.__ray_metadata__.modified_class
     manager = cls.__new__(cls)

@@ -9,6 +9,7 @@ import json
 import contract_tier  # noqa: F401  (slime on sys.path)
 import pytest
 from slime.rollout.filter_hub.base_types import DynamicFilterOutput
+from slime.rollout.sample_hooks import set_current_rollout_id
 from slime.utils.types import Sample
 from tau2.data_model.simulation import RewardInfo
 
@@ -34,6 +35,7 @@ def env_for_adapter(monkeypatch, tmp_path):
     monkeypatch.setenv("TAU2_CURRICULUM_STATE_PATH", str(tmp_path / "curriculum.json"))
     slime_adapter._config.cache_clear()
     yield
+    set_current_rollout_id(None)
     slime_adapter._config.cache_clear()
     slime_adapter._trackers.clear()
 
@@ -105,14 +107,17 @@ def test_reward_post_process_normalizes_groups_and_persists_the_curriculum(env_f
                       metadata={"domain": "airline", "task_id": task_id, "raw_reward": reward})
 
     samples = [sample("a", 1.0), sample("a", 0.0), sample("b", 0.0), sample("b", 0.0, Sample.Status.ABORTED)]
+    set_current_rollout_id(0)  # what slime's RolloutManager.generate(0) does first
     raw, adv = slime_adapter.reward_post_process(_args(), samples)
     assert raw == [1.0, 0.0, 0.0, 0.0]
     assert adv[0] > 0 > adv[1] and adv[0] == pytest.approx(-adv[1])
     assert adv[2] == 0.0 and adv[3] == 0.0
     state = json.loads((tmp_path / "curriculum.json").read_text())
     assert {k: v["attempts"] for k, v in state["tasks"].items()} == {"airline/a": 2, "airline/b": 1}
-    # a second process (a resumed run) continues the counts from the file
+    assert (state["rollout"], [r["rollout"] for r in state["recent"]]) == (0, [0])
+    # a second process (a run resumed at rollout 1: checkpoint 0) continues the counts from the file
     slime_adapter._trackers.clear()
+    set_current_rollout_id(1)
     slime_adapter.reward_post_process(_args(), [sample("a", 1.0), sample("a", 1.0)])
     assert json.loads((tmp_path / "curriculum.json").read_text())["tasks"]["airline/a"]["attempts"] == 4
 
