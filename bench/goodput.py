@@ -330,7 +330,7 @@ def healed_by(launcher: str, restarts: int, restart_line: str | None, replaced: 
         if launcher == "hosts":
             return "a restart by the MAX_RESTARTS supervisor"
         if restart_line:
-            return "a requeue by the launcher (its watch saw Ray lose the node: scontrol requeue)"
+            return "a requeue by the launcher (its cluster watch named the node Ray lost: scontrol requeue)"
         return "a requeue by Slurm (the node DOWN; no requeue line of the launcher's)"
     if replaced:
         return "slime's fault tolerance (a new engine in the hung one's slot; no restart)"
@@ -366,9 +366,12 @@ def per_fault(run: dict) -> list[dict]:
         until = after[0]["time"] if after else float("inf")
         restarts = len([e for e in events if e["event"] == "job" and t < e["time"] < until])
         line = next((line for at, line in run["lines"] if t < at < until and mark in line), None)
+        # Slurm's part of a requeue: from the fault until Slurm runs the job again (one more restart counted)
+        again = next((at for at, state, count, _nodes in run.get("slurm_states", []) if at > t
+                      and state == "RUNNING" and count.isdigit() and int(count) > fault.get("slurm_restarts", 0)), None)
         rows.append({**fault, "checkpoint": saved[-1] if saved else None, "lost": lost,
                      "to_training_s": (after[0]["time"] - t) if after else None, "restarts": restarts,
-                     "restart_line": line,
+                     "restart_line": line, "running_again_s": None if again is None or again > until else again - t,
                      "healed_by": healed_by(run["launcher"], restarts, line, "replaced_after_s" in fault, bool(after),
                                             run["end"], cause)})
     return rows
@@ -400,6 +403,8 @@ def report(clean: dict, faulted: dict, rollouts: int, save_interval: int) -> str
     lines.append("|---|---|---|---|---|---|---|")
     for row in per_fault(faulted):
         to = f"{row['to_training_s']:.0f} s" if row["to_training_s"] is not None else "never"
+        if row["running_again_s"] is not None:
+            to += f" (the job running again after {row['running_again_s']:.0f} s)"
         if "replaced_after_s" in row:
             to += f" (a new engine in its slot after {row['replaced_after_s']:.0f} s)"
         lines.append(f"| {row['fault']} | {row['rollout']} | {row['checkpoint']} | {len(row['lost'])} "

@@ -45,11 +45,15 @@ USER = {"fault": "user sim killed", "rollout": 8, "time": 70.2}
 def test_a_requeue_by_the_launcher_is_told_from_one_by_slurm() -> None:
     said = [(30.0, "slurm: worker 198.18.0.3 left the Ray cluster during the job (...); requeueing the job "
                    "(restart 1 of at most 5): it resumes from the stage's last checkpoint (after 20 s)")]
-    rows = goodput.per_fault(run("slurm", EVENTS, [CUT, HUNG, USER], said))
+    faulted = run("slurm", EVENTS, [{**CUT, "slurm_restarts": 0}, HUNG, USER], said)
+    faulted["slurm_states"] = [(0.5, "RUNNING", "0", "n[1-2]"), (31.0, "PENDING", "1", "(null)"),
+                               (44.0, "RUNNING", "1", "n[1,3]")]
+    rows = goodput.per_fault(faulted)
     cut, hung, user = rows
     assert cut["checkpoint"] == 1 and cut["lost"] == [2] and cut["restarts"] == 1
     assert round(cut["to_training_s"], 1) == 56.3  # the requeued run's first trained rollout, at 60.5
     assert cut["healed_by"].startswith("a requeue by the launcher")
+    assert round(cut["running_again_s"], 1) == 39.8 and hung["running_again_s"] is None  # Slurm's part of it
     assert hung["restarts"] == 0 and hung["lost"] == [] and hung["healed_by"].startswith("slime's fault tolerance")
     assert user["healed_by"].startswith("the client's retries")
     # the same run without the launcher's line: Slurm requeued it (a node DOWN)
@@ -87,4 +91,7 @@ def test_the_table_has_a_row_per_fault_with_its_figures() -> None:
     rows = [line for line in table.splitlines() if line.startswith("| ") and not line.startswith("| fault ")]
     assert [r.split(" | ")[0] for r in rows] == ["| link cut", "| hung engine", "| user sim killed"]
     assert rows[0].startswith("| link cut | 3 | 1 | 1 [2] | 56 s | 1 | a requeue by Slurm")
+    faulted["slurm_states"] = [(44.0, "RUNNING", "1", "n[1,3]")]
+    assert "| link cut | 3 | 1 | 1 [2] | 56 s (the job running again after 40 s) | 1 |" in goodput.report(
+        clean, faulted, 10, 2)
     assert "(a new engine in its slot after 30 s) | 0 | slime's fault tolerance" in rows[1]
