@@ -149,7 +149,8 @@ class SlurmRun:
         self._lines: list[tuple[float, str]] = []
         self._read = 0
         self.job: dict[str, str] = {}
-        self.states: list[tuple[float, str, str, str]] = []  # (time, JobState, Restarts, NodeList) at each change
+        # (time, JobState, Restarts, NodeList, each node's state as sinfo says) at each change of the first three
+        self.states: list[tuple[float, str, str, str, dict[str, str]]] = []
         self._asked = 0.0
 
     def poll(self, now: bool = False) -> None:
@@ -167,8 +168,8 @@ class SlurmRun:
             self._asked = time.monotonic()
             self.job = self.cluster.job(self.job_id)
             state = (self.job.get("JobState", "?"), self.job.get("Restarts", "?"), self.job.get("NodeList", "?"))
-            if not self.states or self.states[-1][1:] != state:
-                self.states.append((time.time(), *state))
+            if not self.states or tuple(self.states[-1][1:4]) != state:
+                self.states.append((time.time(), *state, self.cluster.states()))
 
     def over(self) -> bool:
         from test_slurm_tier import FINAL_STATES
@@ -367,7 +368,7 @@ def per_fault(run: dict) -> list[dict]:
         restarts = len([e for e in events if e["event"] == "job" and t < e["time"] < until])
         line = next((line for at, line in run["lines"] if t < at < until and mark in line), None)
         # Slurm's part of a requeue: from the fault until Slurm runs the job again (one more restart counted)
-        again = next((at for at, state, count, _nodes in run.get("slurm_states", []) if at > t
+        again = next((at for at, state, count, *_nodes in run.get("slurm_states", []) if at > t
                       and state == "RUNNING" and count.isdigit() and int(count) > fault.get("slurm_restarts", 0)), None)
         rows.append({**fault, "checkpoint": saved[-1] if saved else None, "lost": lost,
                      "to_training_s": (after[0]["time"] - t) if after else None, "restarts": restarts,
@@ -413,6 +414,12 @@ def report(clean: dict, faulted: dict, rollouts: int, save_interval: int) -> str
     mark = RESTART_MARK[faulted["launcher"]]
     lines.extend(f"  {line}" for _, line in faulted["lines"] if own_line(line) and (
         mark in line or "error:" in line or "got signal" in line))
+    if faulted.get("slurm_states"):
+        lines.append("the job as Slurm saw it (seconds from the first look, just after the submission: state, Restarts, "
+                     "nodes; each node's state)")
+        lines.extend(f"  {at - faulted['slurm_states'][0][0]:5.0f} s {state} {count} {nodes}"
+                     + (f"; {' '.join(f'{n.rsplit(chr(45), 1)[-1]} {v}' for n, v in rest[0].items())}" if rest else "")
+                     for at, state, count, nodes, *rest in faulted["slurm_states"])
     return "\n".join(lines)
 
 

@@ -91,7 +91,10 @@ def test_the_table_has_a_row_per_fault_with_its_figures() -> None:
     rows = [line for line in table.splitlines() if line.startswith("| ") and not line.startswith("| fault ")]
     assert [r.split(" | ")[0] for r in rows] == ["| link cut", "| hung engine", "| user sim killed"]
     assert rows[0].startswith("| link cut | 3 | 1 | 1 [2] | 56 s | 1 | a requeue by Slurm")
-    faulted["slurm_states"] = [(44.0, "RUNNING", "1", "n[1,3]")]
-    assert "| link cut | 3 | 1 | 1 [2] | 56 s (the job running again after 40 s) | 1 |" in goodput.report(
-        clean, faulted, 10, 2)
+    faulted["slurm_states"] = [(2.0, "RUNNING", "0", "n[1-2]", {"n1": "alloc", "n2": "alloc", "n3": "idle"}),
+                               (44.0, "RUNNING", "1", "n[1,3]", {"n1": "alloc", "n2": "down*", "n3": "alloc"})]
+    table = goodput.report(clean, faulted, 10, 2)
+    assert "| link cut | 3 | 1 | 1 [2] | 56 s (the job running again after 40 s) | 1 |" in table
+    assert table.endswith("      0 s RUNNING 0 n[1-2]; n1 alloc n2 alloc n3 idle\n"
+                          "     42 s RUNNING 1 n[1,3]; n1 alloc n2 down* n3 alloc")
     assert "(a new engine in its slot after 30 s) | 0 | slime's fault tolerance" in rows[1]
