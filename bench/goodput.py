@@ -35,7 +35,7 @@ Both runs in one invocation, fault-free first.
     sudo .venv/bin/python bench/goodput.py --launcher slurm --rollouts 20 --save-interval 2
 
 Needs what the tier needs (root, iproute2, util-linux, openssh-server; for slurm `apt-get install slurm-wlm munge`;
-the pinned sources in ../shared/third_party or TAU2_THIRD_PARTY; the small tokenizer is trained here). 15-40
+the pinned sources in ../shared/third_party or TAU2_THIRD_PARTY; the small tokenizer is trained here). 10-30
 minutes on 2 cores. Not a test: the numbers go to docs/hardening.md.
 """
 
