@@ -5,6 +5,8 @@ real Slurm (slurmctld, slurmd and munge on namespaced hosts): tests/contract/tes
 from __future__ import annotations
 
 import os
+import re
+import shlex
 import subprocess
 import sys
 
@@ -209,3 +211,18 @@ def test_the_door_refuses_a_layout_the_nodes_cannot_hold_in_one_line() -> None:
     assert proc.returncode == 1 and proc.stdout == ""
     assert proc.stderr == ("slurm: error: --gpus-per-node 2 is fewer than the layout's Ray GPUs 0,1,2,3 on each node "
                            "(TAU2_GPU_LAYOUT / POLICY_GPUS)\n")
+
+
+def test_the_batch_script_on_the_page_is_what_the_dry_run_prints() -> None:
+    """docs/multi-node.md ("On Slurm") shows a dry run, command and output: the command run here prints it, this
+    checkout's path in place of the page's."""
+    text = (ROOT / "docs" / "multi-node.md").read_text()
+    block = re.search(r"\n\n((?: {4}\$ .*\n)(?: {4}.*\n)+)", text[text.index("**On Slurm.**"):]).group(1)
+    command, *shown = [line[4:] for line in block.splitlines()]
+    words = shlex.split(command.removeprefix("$ "))
+    env = dict(w.split("=", 1) for w in words[:words.index("bash")])
+    assert words[words.index("bash") + 1] == "scripts/slurm.sh"
+    proc = door(*words[words.index("bash") + 2:], **env)
+    assert proc.returncode == 0, proc.stderr
+    printed = (proc.stdout + proc.stderr).replace(str(ROOT), "/shared/tau2-cookbook")
+    assert printed.splitlines() == shown

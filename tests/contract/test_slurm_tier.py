@@ -52,6 +52,7 @@ ROLLOUTS_PER_RUN = 4  # HOSTS_JOB_ROLLOUTS: the last run trains this many after 
 FAULTS = [("link cut", lambda cluster, i: cluster.set_link(i, up=False)),
           ("raylet killed", lambda cluster, i: cluster.kill(i, "raylet"))]
 RUN_LIMIT_S = 900
+FINAL_STATES = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL")  # a job Slurm will not run again
 
 
 def shim(bindir: Path) -> None:
@@ -80,55 +81,91 @@ def wait(what, limit_s: float, step_s: float = 1.0):
     return what()
 
 
+def cluster_up(shared: Path, tiny_model: Path, run_id: str | None = None) -> slurm_mod.SlurmHosts:
+    """The tier's cluster over the run's shared inputs, up: the controller host and three compute nodes with two fake
+    GPUs each (one a spare for a requeue), `ray job submit` as ray_job_double.py runs it."""
+    shared_inputs(shared, tiny_model, 1)
+    shim(shared / "bin")
+    cluster = slurm_mod.SlurmHosts(4, shared, gpus=2, slurmd_timeout=20, cred_expire=30, run_id=run_id, session_env={
+        "PATH": f"{shared / 'bin'}:{Path(sys.executable).parent}:{SYSTEM_PATH}", "RAY_USAGE_STATS_ENABLED": "0"})
+    cluster.up()
+    return cluster
+
+
+def job_env(shared: Path, cluster: slurm_mod.SlurmHosts, progress: Path) -> dict[str, str]:
+    """train_grpo.sh's settings for a job of the launcher's on 2 nodes x 1 Ray GPU (the allocation gives the nodes:
+    no hostfile), a checkpoint after each rollout, the user simulator on the controller host, the job's progress
+    lines in `progress`."""
+    env = stage_env(shared, cluster, "2", 1)
+    for name in ("HOSTFILE", "MASTER_ADDR", "SLIME_HOST_IP", "RAY_SSH"):
+        env.pop(name)
+    env.update(cluster.env, HOSTS_JOB_MORE="", HOSTS_JOB_PROGRESS=str(progress), GRPO_SAVE_INTERVAL="1",
+               TRAIN_TP="1", HOSTS_JOB_ROLLOUTS=str(ROLLOUTS_PER_RUN),
+               TAU2_USER_API_BASE=f"http://{cluster.hosts[0].address}:{USER_SIM_PORT}/v1",
+               TAU2_THIRD_PARTY=str(third_party_path()),  # the job driver's slime, wherever this checkout is
+               # the hosts share one machine's memory: each host's Ray would count the others' (and whatever else
+               # runs here) as its own and kill the job's workers near 95% of it
+               RAY_memory_monitor_refresh_ms="0")
+    return env
+
+
+def submit(cluster: slurm_mod.SlurmHosts, env: dict[str, str], out_dir: Path, *options: str,
+           time_limit: str = "60") -> tuple[str, str, Path]:
+    """`bash scripts/slurm.sh --nodes 2 --gpus-per-node 2 ... train_grpo.sh` on the controller host, as a user
+    submits it: (the job id, what the launcher said, the job's output file)."""
+    proc = cluster.hosts[0].run(["bash", str(ROOT / "scripts/slurm.sh"), "--nodes", "2", "--gpus-per-node", "2",
+                                 "--time", time_limit, "--output-dir", str(out_dir), *options, "train_grpo.sh"],
+                                env=env, capture_output=True, text=True, cwd=env["HOME"], timeout=120)
+    if proc.returncode != 0:
+        raise RuntimeError(f"scripts/slurm.sh failed: {proc.stderr.strip()}")
+    job_id = proc.stdout.strip()
+    return job_id, proc.stderr, out_dir / f"tau2-grpo-{job_id}.out"
+
+
+def ended(cluster: slurm_mod.SlurmHosts, job_id: str) -> dict | None:
+    """The job's `scontrol show job` once it is over (COMPLETED, FAILED, ...), else None."""
+    job = cluster.job(job_id)
+    return job if job.get("JobState") in FINAL_STATES else None
+
+
+def first_rollout_of_run(progress: Path, run: int) -> dict | None:
+    """The first rollout the job's run number `run` (0: the first, 1: the first requeued one, ...) started."""
+    evs = events(progress)
+    starts = [i for i, e in enumerate(evs) if e["event"] == "job"]
+    return next((e for e in evs[starts[run]:] if e["event"] == "rollout"), None) if len(starts) > run else None
+
+
+def left_of_jobs(cluster: slurm_mod.SlurmHosts) -> tuple[dict[str, list[str]], list[str]]:
+    """What each host holds of the job beyond its daemons (the user simulator on the controller is the caller's), and
+    the job cgroups still there."""
+    left = cluster.leftovers_of_jobs()
+    left[cluster.node_name(0)] = [p for p in left[cluster.node_name(0)] if "loopback_server" not in p]
+    return left, cluster.job_cgroups()
+
+
 @pytest.fixture(scope="module")
 def requeued(tmp_path_factory: pytest.TempPathFactory, tiny_small_dir: Path) -> Iterator[dict]:
     shared = tmp_path_factory.mktemp("slurmtier") / "shared"
-    shared_inputs(shared, tiny_small_dir, 1)
-    shim(shared / "bin")
-    cluster = slurm_mod.SlurmHosts(4, shared, gpus=2, slurmd_timeout=20, cred_expire=30, session_env={
-        "PATH": f"{shared / 'bin'}:{Path(sys.executable).parent}:{SYSTEM_PATH}", "RAY_USAGE_STATS_ENABLED": "0"})
     started = time.monotonic()
-    cluster.up()
+    cluster = cluster_up(shared, tiny_small_dir)
     record: dict = {"cluster": cluster, "up_s": time.monotonic() - started}
     try:
         login = cluster.hosts[0]
         progress = shared / "progress.jsonl"
         hold = shared / "hold"  # each faulted run waits at its third rollout until its fault has been acted on
         hold.touch()
-        env = stage_env(shared, cluster, "2", 1)
-        for name in ("HOSTFILE", "MASTER_ADDR", "SLIME_HOST_IP", "RAY_SSH"):
-            env.pop(name)
-        env.update(cluster.env, HOSTS_JOB_MORE="", HOSTS_JOB_PROGRESS=str(progress), GRPO_SAVE_INTERVAL="1",
-                   TRAIN_TP="1", HOSTS_JOB_ROLLOUTS=str(ROLLOUTS_PER_RUN),
-                   TAU2_USER_API_BASE=f"http://{login.address}:{USER_SIM_PORT}/v1",
-                   TAU2_THIRD_PARTY=str(third_party_path()),  # the job driver's slime, wherever this checkout is
-                   # the hosts share one machine's memory: each host's Ray would count the others' (and whatever else
-                   # runs here) as its own and kill the job's workers near 95% of it
-                   RAY_memory_monitor_refresh_ms="0")
+        env = {**job_env(shared, cluster, progress), "HOSTS_JOB_HOLD": str(hold)}
         start_user_sim(cluster, login, env, shared)
-        out_dir = shared / "slurm"
-        submit = login.run(["bash", str(ROOT / "scripts/slurm.sh"), "--nodes", "2", "--gpus-per-node", "2",
-                            "--time", "60", "--output-dir", str(out_dir), "train_grpo.sh"],
-                           env=env, capture_output=True, text=True, cwd=env["HOME"], timeout=120)
-        assert submit.returncode == 0, submit.stderr
-        job_id = submit.stdout.strip()
-        record.update(job_id=job_id, submit=submit.stderr)
-        output = out_dir / f"tau2-grpo-{job_id}.out"
-
+        job_id, said, output = submit(cluster, env, shared / "slurm")
+        record.update(job_id=job_id, submit=said)
         job_out = shared / "job.json"
 
         def over() -> dict | None:
-            job = cluster.job(job_id)
-            return job if job.get("JobState") in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT") else None
+            return ended(cluster, job_id)
 
         def why() -> str:
             return ((job_out.read_text()[-3000:] if job_out.exists() else "") +
                     (output.read_text()[-3000:] if output.exists() else str(cluster.job(job_id))))
-
-        def first_rollout_of_run(run: int) -> dict | None:
-            evs = events(progress)
-            starts = [i for i, e in enumerate(evs) if e["event"] == "job"]
-            return next((e for e in evs[starts[run]:] if e["event"] == "rollout"), None) if len(starts) > run else None
 
         record["faults"] = []
         for restart, (fault, inject) in enumerate(FAULTS):
@@ -149,9 +186,9 @@ def requeued(tmp_path_factory: pytest.TempPathFactory, tiny_small_dir: Path) -> 
                     job = cluster.job(job_id)
                     if job.get("Restarts") == str(restart + 1) and job.get("JobState") == "RUNNING":
                         at["running_again_at"] = time.time()
-                return "running_again_at" in at and bool(first_rollout_of_run(restart + 1))
+                return "running_again_at" in at and bool(first_rollout_of_run(progress, restart + 1))
             assert wait(restarted_and_training, RUN_LIMIT_S), why()
-            at["training_again_at"] = first_rollout_of_run(restart + 1)["time"]
+            at["training_again_at"] = first_rollout_of_run(progress, restart + 1)["time"]
             at["again_on"] = cluster.job(job_id).get("NodeList")
             if fault == "link cut":
                 cluster.set_link(worker, up=True)  # the node comes back later (ReturnToService=2); Slurm cleans it
@@ -164,10 +201,8 @@ def requeued(tmp_path_factory: pytest.TempPathFactory, tiny_small_dir: Path) -> 
         t0 = time.monotonic()
 
         def clean() -> bool:
-            left = cluster.leftovers_of_jobs()
-            left[cluster.node_name(0)] = [p for p in left[cluster.node_name(0)] if "loopback_server" not in p]
-            record["left"], record["cgroups"] = left, cluster.job_cgroups()
-            return not any(left.values()) and not record["cgroups"]
+            record["left"], record["cgroups"] = left_of_jobs(cluster)
+            return not any(record["left"].values()) and not record["cgroups"]
         record["clean"] = wait(clean, 240, 2)
         record["cores"] = sorted(str(p) for p in shared.rglob("core*")  # the job's processes that crashed
                                  if p.is_file() and p.name.split(".")[0] == "core")
