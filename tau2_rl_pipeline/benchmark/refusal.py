@@ -178,8 +178,8 @@ OUTCOME_KEPT = re.compile(r"\b(?:remains?|stays?|(?:will|must|has to|have to|wou
                           r"|(?:i|we) will (?:keep|leave) (?:\w+ ){1,4}?"
                           r"|is staying|are staying) (?:as (?:it is|is|they are|booked|it was|originally booked)"
                           r"|unchanged|in place|the same|put|with you|where (?:it|they) (?:is|are)"
-                          r"|part of|(?:in|on) (?:the |your |this |that )?(?:economy|basic|business|first|booking|reservation|order|account"
-                          r"|bill|plan|line|card)\w*)\b")
+                          r"|part of|(?:in|on) (?:the |your |this |that )?(?:economy|basic|business|first|booking"
+                          r"|reservation|order|account|bill|plan|line|card)\w*)\b")
 # what else stays, beside the request: "everything else remains unchanged", "your other flights stay as booked"
 OTHER_THINGS = re.compile(r"\b(?:everything|anything|all) else\b|\bthe rest\b|\bother\b|\bper your request\b"
                           r"|\bas (?:you )?(?:requested|asked)\b")
