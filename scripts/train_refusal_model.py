@@ -66,7 +66,7 @@ def folds() -> dict[str, dict[str, tuple[int, int, int]]]:
     for writer, names in TRAIN.items():
         model = refusal_model.from_dict(fit([r for w, n in TRAIN.items() if w != writer for r in rows(n)]))
         held = rows(names)
-        learned = [model.probability(r["text"]) >= refusal_model.THRESHOLD for r in held]
+        learned = [refusal_model.learned_refusal(r["text"], model) for r in held]
         out[writer] = {"model": counts(held, learned),
                        "rules or model": counts(held, [combined(r["text"], model) for r in held])}
     return out

@@ -109,10 +109,15 @@ _NOT_A_DECISION = frozenset(
     "open read display detect match figure determine speak comment only quite fully always".split())
 # verbs after "I won't" that promise the customer something good ("we won't charge you", "I won't keep you long"):
 # "I won't" + any other verb declines, apology or not
+def _stem(verb: str) -> str:
+    """"charge" and "charg(ing)" alike."""
+    return verb.rstrip("e")
+
+
 _GOOD_NEWS = frozenset(
     "charge bill need require ask lose expire affect impact cost penalize penalise interrupt disconnect suspend share "
     "disclose sell store keep contact call email text spam happen take be have let leave forget hold".split())
-_GOOD_NEWS_STEMS = frozenset(verb.rstrip("e") for verb in _GOOD_NEWS)
+_GOOD_NEWS_STEMS = frozenset(map(_stem, _GOOD_NEWS))
 REASSURANCE = re.compile(r"\b(?:do not worry|no worries|rest assured|good news)\b")
 NO_PROBLEM = re.compile(r"\b(?:not|never) (?:going to be |be )?(?:an? )?(?:issue|problem)\b|\bno problem\b")
 _LOOKUP_PAIRS = {("help", "but"), ("look", "up"), ("look", "for"), ("pull", "up"), ("make", "out")}
@@ -269,10 +274,6 @@ def _counts(rule: str, match: re.Match, segment: str, lead: str, message_after: 
     return True
 
 
-def _stem(verb: str) -> str:
-    return verb.rstrip("e")
-
-
 def _offers_the_same(participle: str | None, message_after: str) -> bool:
     """"Insurance can't be added later ... Shall I add it now?": the message goes on to offer the very action, so the
     impossibility is a warning before doing it, not a decline."""
@@ -290,19 +291,15 @@ def refusal_rule(text: str, model: Model | None = None) -> str | None:
     training script's held-out folds)."""
     from tau2_rl_pipeline.benchmark.refusal_model import learned_refusal  # it reads `normalise` from here
 
-    rule, set_aside = rule_verdict(text)
-    vetoed = set_aside or NO_PROBLEM.search(normalise(text))  # "That isn't going to be a problem; I've added it"
+    plain = normalise(text)
+    rule, set_aside = rule_verdict(plain)
+    vetoed = set_aside or NO_PROBLEM.search(plain)  # "That isn't going to be a problem; I've added it"
     return rule or (LEARNED if not vetoed and learned_refusal(text, model) else None)
 
 
-def rule_match(text: str) -> str | None:
-    """The name of the first rule (RULES) by which some clause of `text` refuses, or None."""
-    return rule_verdict(text)[0]
-
-
-def rule_verdict(text: str) -> tuple[str | None, bool]:
-    """(the first rule by which some clause refuses, or None; whether some rule matched a clause and was set aside)."""
-    plain = normalise(text)
+def rule_verdict(plain: str) -> tuple[str | None, bool]:
+    """Of a normalised message: (the first rule by which some clause refuses, or None; whether some rule matched a
+    clause and was set aside)."""
     sentences = [s for s in _SENTENCE_END.split(plain) if s.strip()]
     set_aside = False
     for i, sentence in enumerate(sentences):
